@@ -1,0 +1,3 @@
+from scheduled_events_exporter.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""Assembly: build the client, sinks, telemetry and poller from a :class:`Config` and run them.
+
+The poll loop runs on its own thread; the caller's thread waits for a stop request (a signal),
+then stops polling, drains the sinks within ``SEE_SHUTDOWN_TIMEOUT`` and returns. A blocked
+IMDS request (the first one may take minutes) therefore never delays shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.imds import ImdsClient
+from scheduled_events_exporter.model import InstanceInfo
+from scheduled_events_exporter.poller import Clock, Poller, with_vm_name
+from scheduled_events_exporter.records import TransitionRecord, body
+from scheduled_events_exporter.sinks import Sink, create_sinks
+from scheduled_events_exporter.telemetry import Telemetry, build_resource
+
+log = logging.getLogger("scheduled_events_exporter")
+
+#: How long start-up waits for instance metadata before polling without it.
+INSTANCE_WAIT = 2.0
+
+
+def setup_logging(level: str) -> None:
+    """Plain text diagnostics on stderr; stdout belongs to the console sink."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # The OTel SDK logs every retry of an unreachable collector; our sink reports once per streak.
+    logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+
+
+class LoggingSink:
+    """Writes each transition's one-line summary to the diagnostic log (stderr)."""
+
+    name = "log"
+
+    def submit(self, records: Sequence[TransitionRecord]) -> None:
+        """Log one line per record (logging is buffered by the stream, never network I/O)."""
+        for record in records:
+            log.info("%s: %s", record.event_name, body(record))
+
+
+class Exporter:
+    """A running exporter: poller thread, sinks and telemetry."""
+
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or Clock()
+        self.client = ImdsClient(config.imds_endpoint, first_timeout=config.imds_first_timeout,
+                                 timeout=config.imds_timeout)
+        self._telemetry: Telemetry | None = None
+        self.sinks: list[Sink] = create_sinks(config, self._count_failure)
+        instance = self._first_instance()
+        readers = [r for s in self.sinks for r in s.metric_readers()]
+        self.telemetry = Telemetry(readers=readers, resource=build_resource(instance),
+                                   wall=self.clock.wall, monotonic=self.clock.monotonic)
+        self._telemetry = self.telemetry
+        for sink in self.sinks:
+            sink.start(self.telemetry.resource)
+        self.poller = Poller(config, self.client, [*self.sinks, LoggingSink()],
+                             self.telemetry, instance=instance, clock=self.clock)
+        self._stop_polling = threading.Event()
+        self._thread = threading.Thread(target=self.poller.run, args=(self._stop_polling,),
+                                        name="poller", daemon=True)
+        if not instance.vm_id:
+            threading.Thread(target=self._retry_instance, name="instance-metadata",
+                             daemon=True).start()
+
+    def start(self) -> None:
+        """Start polling."""
+        log.info("polling %s every %g s; sinks: %s", self.config.imds_endpoint,
+                 self.config.poll_interval, ", ".join(self.config.sinks))
+        self._thread.start()
+
+    def stop(self) -> bool:
+        """Stop polling, drain every sink within the shutdown timeout. True if all drained."""
+        self._stop_polling.set()
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        self._thread.join(timeout=min(1.0, self.config.shutdown_timeout))
+        drained = True
+        for sink in self.sinks:
+            remaining = max(0.0, deadline - time.monotonic())
+            if not sink.shutdown(remaining):
+                status = sink.status()
+                log.error("sink %s: %d records not delivered at shutdown", sink.name,
+                          status.pending)
+                drained = False
+        self.telemetry.shutdown(max(0.5, deadline - time.monotonic()))
+        self.client.close()
+        return drained
+
+    def _count_failure(self, sink: str, signal: str, count: int) -> None:
+        if self._telemetry is not None:
+            self._telemetry.record_export_failure(sink, signal, count)
+
+    def _first_instance(self) -> InstanceInfo:
+        fallback = InstanceInfo(vm_name=socket.gethostname())
+        probe = ImdsClient(self.config.imds_endpoint, first_timeout=INSTANCE_WAIT,
+                           timeout=min(INSTANCE_WAIT, self.config.imds_timeout))
+        try:
+            instance = with_vm_name(probe.fetch_instance(), fallback.vm_name)
+            log.info("instance metadata: VM %s (%s) in %s", instance.vm_name,
+                     instance.vm_id or "no vmId", instance.region or "unknown region")
+            return instance
+        except (OSError, ValueError) as exc:
+            log.warning("instance metadata unavailable (%s); using host name %r as VM name and "
+                        "retrying in the background", exc, fallback.vm_name)
+            return fallback
+        finally:
+            probe.close()
+
+    def _retry_instance(self) -> None:
+        delay = 2.0
+        probe = ImdsClient(self.config.imds_endpoint, first_timeout=self.config.imds_timeout,
+                           timeout=self.config.imds_timeout)
+        while not self._stop_polling.wait(delay * (0.5 + random.random() / 2)):
+            try:
+                instance = with_vm_name(probe.fetch_instance(), socket.gethostname())
+            except (OSError, ValueError):
+                delay = min(delay * 2, 300.0)
+                continue
+            self.poller.set_instance(instance)
+            log.info("instance metadata arrived: VM %s (%s); records carry it from now on "
+                     "(the OTel resource keeps its start-up values)", instance.vm_name,
+                     instance.vm_id)
+            break
+        probe.close()
+
+
+def run(config: Config, stop: threading.Event) -> int:
+    """Run until ``stop`` is set; exit code 0 after a clean shutdown."""
+    exporter = Exporter(config)
+    exporter.start()
+    stop.wait()
+    log.info("stopping: draining sinks (up to %g s)", config.shutdown_timeout)
+    drained = exporter.stop()
+    log.info("stopped%s", "" if drained else " with undelivered records")
+    return 0

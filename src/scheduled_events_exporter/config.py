@@ -1,0 +1,313 @@
+"""Configuration from environment variables only, validated once at start.
+
+Every problem is reported on its own line naming the variable, the value seen and what is
+expected (:class:`ConfigError`); the CLI turns that into exit code 2. Secrets never leave this
+module unredacted: :meth:`Config.describe` is what ``check-config`` prints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+SINK_NAMES = ("otlp", "eventhubs", "console")
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+REDACTED = "<redacted>"
+#: Variables whose values are secrets (never printed, logged or put in health output).
+SECRET_VARIABLES = frozenset(
+    {
+        "SEE_EVENTHUB_CONNECTION_STRING",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_LOGS_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+    }
+)
+_OTEL_SHOWN_PREFIXES = ("OTEL_EXPORTER_OTLP_", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+                        "OTEL_METRIC_EXPORT_", "OTEL_BLRP_")
+_MAX_VALUE = 4096
+
+T = TypeVar("T")
+
+
+class ConfigError(Exception):
+    """One or more invalid settings; ``problems`` holds one line per setting."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The validated, effective configuration."""
+
+    imds_endpoint: str = "http://169.254.169.254"
+    poll_interval: float = 1.0
+    imds_first_timeout: float = 130.0
+    imds_timeout: float = 5.0
+    sinks: tuple[str, ...] = ("console",)
+    state_dir: Path | None = None
+    staleness_limit: float = 30.0
+    health_addr: tuple[str, int] | None = ("0.0.0.0", 8080)
+    shutdown_timeout: float = 10.0
+    spool_max_records: int = 10_000
+    eventhub_connection_string: str = ""
+    eventhub_namespace: str = ""
+    eventhub_name: str = ""
+    otlp_protocol: str = "http/protobuf"
+    metric_export_interval: float = 10.0
+    log_level: str = "INFO"
+
+    @property
+    def gap_threshold(self) -> float:
+        """No good document for longer than this is an observation gap (SPEC §3: 3 intervals)."""
+        return 3 * self.poll_interval
+
+    def describe(self, env: Mapping[str, str]) -> list[str]:
+        """Human-readable effective configuration, secrets redacted (for ``check-config``)."""
+        health = f"{self.health_addr[0]}:{self.health_addr[1]}" if self.health_addr else "disabled"
+        lines = [
+            f"SEE_IMDS_ENDPOINT={self.imds_endpoint}",
+            f"SEE_POLL_INTERVAL={self.poll_interval:g}",
+            f"SEE_IMDS_FIRST_TIMEOUT={self.imds_first_timeout:g}",
+            f"SEE_IMDS_TIMEOUT={self.imds_timeout:g}",
+            f"SEE_SINKS={','.join(self.sinks)}",
+            f"SEE_STATE_DIR={self.state_dir or 'disabled'}",
+            f"SEE_STALENESS_LIMIT={self.staleness_limit:g}",
+            f"SEE_HEALTH_ADDR={health}",
+            f"SEE_SHUTDOWN_TIMEOUT={self.shutdown_timeout:g}",
+            f"SEE_SPOOL_MAX_RECORDS={self.spool_max_records}",
+            f"SEE_LOG_LEVEL={self.log_level}",
+        ]
+        if "eventhubs" in self.sinks:
+            if self.eventhub_connection_string:
+                lines.append(f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}")
+            else:
+                lines.append(f"SEE_EVENTHUB_NAMESPACE={self.eventhub_namespace}")
+                lines.append(f"SEE_EVENTHUB_NAME={self.eventhub_name}")
+        for key in sorted(env):
+            if key.startswith(_OTEL_SHOWN_PREFIXES):
+                value = REDACTED if key in SECRET_VARIABLES else env[key]
+                lines.append(f"{key}={value}")
+        return lines
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    """``$XDG_STATE_HOME/scheduled-events-exporter`` (the container image sets SEE_STATE_DIR)."""
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "scheduled-events-exporter"
+
+
+def load_config(env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the configuration; raises :class:`ConfigError` listing every problem."""
+    env = dict(os.environ if env is None else env)
+    problems: list[str] = []
+
+    def get(name: str, parse: Callable[[str], T], default: T, expected: str) -> T:
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            return default
+        shown = REDACTED if name in SECRET_VARIABLES else _show(raw)
+        if len(raw) > _MAX_VALUE:
+            problems.append(f"{name}={shown}: expected {expected}, got a {len(raw)}-byte value")
+            return default
+        try:
+            return parse(raw.strip())
+        except (ValueError, OverflowError):
+            problems.append(f"{name}={shown}: expected {expected}")
+            return default
+
+    def seconds(low: float, high: float) -> Callable[[str], float]:
+        def parse(text: str) -> float:
+            value = float(text)
+            if not math.isfinite(value) or not low <= value <= high:
+                raise ValueError(text)
+            return value
+
+        return parse
+
+    endpoint = get("SEE_IMDS_ENDPOINT", _parse_endpoint, "http://169.254.169.254",
+                   "an http:// URL with host and optional port, no path (e.g. http://169.254.169.254)")
+    interval = get("SEE_POLL_INTERVAL", seconds(0.2, 3600.0), 1.0,
+                   "seconds between polls, a number from 0.2 to 3600 (IMDS allows 5 requests/s)")
+    first_timeout = get("SEE_IMDS_FIRST_TIMEOUT", seconds(1.0, 600.0), 130.0,
+                        "seconds, a number from 1 to 600")
+    timeout = get("SEE_IMDS_TIMEOUT", seconds(0.1, 60.0), 5.0, "seconds, a number from 0.1 to 60")
+    staleness = get("SEE_STALENESS_LIMIT", seconds(1.0, 86400.0), 30.0,
+                    "seconds, a number from 1 to 86400")
+    shutdown = get("SEE_SHUTDOWN_TIMEOUT", seconds(0.0, 600.0), 10.0,
+                   "seconds, a number from 0 to 600")
+    spool_max = get("SEE_SPOOL_MAX_RECORDS", _bounded_int(1, 10_000_000), 10_000,
+                    "an integer from 1 to 10000000")
+    health: tuple[str, int] | None = get("SEE_HEALTH_ADDR", _parse_addr, ("0.0.0.0", 8080),
+                 "HOST:PORT with a port from 0 to 65535, or empty to disable")
+    if "SEE_HEALTH_ADDR" in env and env["SEE_HEALTH_ADDR"].strip() == "":
+        health = None
+    log_level = get("SEE_LOG_LEVEL", _parse_level, "INFO",
+                    "one of debug, info, warning, error")
+
+    connection_string = env.get("SEE_EVENTHUB_CONNECTION_STRING", "").strip()
+    namespace = env.get("SEE_EVENTHUB_NAMESPACE", "").strip()
+    hub = env.get("SEE_EVENTHUB_NAME", "").strip()
+    sinks = get("SEE_SINKS", _parse_sinks, _implicit_sinks(env, connection_string, namespace),
+                "a comma-separated list of otlp, eventhubs, console without repeats")
+    if "eventhubs" in sinks:
+        problems.extend(_check_eventhubs(connection_string, namespace, hub))
+
+    protocol = "http/protobuf"
+    for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
+                 "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+        value = env.get(name, "").strip()
+        if value and value not in OTLP_PROTOCOLS:
+            problems.append(f"{name}={_show(value)}: expected one of {', '.join(OTLP_PROTOCOLS)}")
+        elif value and name == "OTEL_EXPORTER_OTLP_PROTOCOL":
+            protocol = value
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        get(name, _parse_url, "", "an http:// or https:// URL")
+    for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
+                 "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"):
+        # The Python SDK reads these as seconds (the OTel spec says milliseconds).
+        get(name, seconds(0.001, 600.0), 0.0, "a timeout in seconds (the Python SDK's unit)")
+    metric_interval_ms = get("OTEL_METRIC_EXPORT_INTERVAL", _bounded_int(1000, 86_400_000), 10_000,
+                             "milliseconds, an integer from 1000 to 86400000")
+
+    state_dir: Path | None = None
+    raw_state = env.get("SEE_STATE_DIR")
+    if raw_state is None or raw_state.strip():
+        state_dir = Path(raw_state.strip()) if raw_state else default_state_dir(env)
+        problem = _check_writable(state_dir)
+        if problem:
+            problems.append(f"SEE_STATE_DIR={_show(str(state_dir))}: {problem}")
+
+    if "SEE_APPROVE" in env and env["SEE_APPROVE"].strip():
+        problems.append(
+            f"SEE_APPROVE={_show(env['SEE_APPROVE'])}: approval is not available in this version "
+            "(see docs/decisions.md); unset it"
+        )
+    if problems:
+        raise ConfigError(problems)
+    return Config(
+        imds_endpoint=endpoint,
+        poll_interval=interval,
+        imds_first_timeout=first_timeout,
+        imds_timeout=timeout,
+        sinks=sinks,
+        state_dir=state_dir,
+        staleness_limit=staleness,
+        health_addr=health,
+        shutdown_timeout=shutdown,
+        spool_max_records=spool_max,
+        eventhub_connection_string=connection_string,
+        eventhub_namespace=namespace,
+        eventhub_name=hub,
+        otlp_protocol=protocol,
+        metric_export_interval=metric_interval_ms / 1000.0,
+        log_level=log_level,
+    )
+
+
+def _show(raw: str) -> str:
+    text = raw if len(raw) <= 80 else raw[:77] + "..."
+    return repr(text)
+
+
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(text)
+        return value
+
+    return parse
+
+
+def _parse_endpoint(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError(text)
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(text)
+    _ = parts.port  # raises ValueError for a bad port
+    return f"http://{parts.netloc}"
+
+
+def _parse_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(text)
+    _ = parts.port
+    return text
+
+
+def _parse_addr(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(text)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _parse_level(text: str) -> str:
+    level = text.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(text)
+    return level
+
+
+def _parse_sinks(text: str) -> tuple[str, ...]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names) or any(n not in SINK_NAMES for n in names):
+        raise ValueError(text)
+    return tuple(names)
+
+
+def _implicit_sinks(env: Mapping[str, str], connection_string: str, namespace: str) -> tuple[str, ...]:
+    """SPEC §8: console unless something else is configured."""
+    sinks: list[str] = []
+    if any(env.get(k, "").strip() for k in ("OTEL_EXPORTER_OTLP_ENDPOINT",
+                                           "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")):
+        sinks.append("otlp")
+    if connection_string or namespace:
+        sinks.append("eventhubs")
+    return tuple(sinks) or ("console",)
+
+
+def _check_eventhubs(connection_string: str, namespace: str, hub: str) -> list[str]:
+    if connection_string:
+        fields = dict(
+            part.split("=", 1) for part in connection_string.split(";") if "=" in part
+        )
+        if not fields.get("Endpoint", "").startswith("sb://"):
+            return [f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}: expected "
+                    "'Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...;EntityPath=...'"]
+        if not (fields.get("EntityPath") or hub):
+            return ["SEE_EVENTHUB_NAME: expected the hub name (the connection string has no "
+                    "EntityPath)"]
+        return []
+    problems = []
+    if not namespace or "." not in namespace or "/" in namespace:
+        problems.append(f"SEE_EVENTHUB_NAMESPACE={_show(namespace)}: expected the fully "
+                        "qualified namespace, e.g. mynamespace.servicebus.windows.net "
+                        "(or set SEE_EVENTHUB_CONNECTION_STRING)")
+    if not hub:
+        problems.append("SEE_EVENTHUB_NAME='': expected the event hub name")
+    return problems
+
+
+def _check_writable(path: Path) -> str:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        return f"expected a writable directory ({exc.strerror or exc})"
+    return ""

@@ -1,0 +1,116 @@
+"""Domain values shared by the parser, the tracker and the telemetry mapping.
+
+Everything here is a frozen dataclass or an enum: values cross module boundaries, never dicts.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+#: EventStatus values the platform documents; anything else is kept verbatim (SPEC §3).
+STATUS_SCHEDULED = "Scheduled"
+STATUS_STARTED = "Started"
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledEvent:
+    """One entry of the IMDS ``Events`` array, as received (times parsed, defaults applied)."""
+
+    event_id: str
+    status: str
+    event_type: str = ""
+    resource_type: str = ""
+    resources: tuple[str, ...] = ()
+    #: Parsed NotBefore in UTC; ``None`` when empty or unparseable.
+    not_before: datetime | None = None
+    #: NotBefore text as received when it could not be parsed (else empty).
+    not_before_raw: str = ""
+    description: str = ""
+    source: str = ""
+    #: DurationInSeconds as sent: -1 unknown, 0 no impact.
+    duration: int = -1
+
+    @property
+    def is_started(self) -> bool:
+        """True for ``Started``; every other status (known or not) is treated like ``Scheduled``."""
+        return self.status == STATUS_STARTED
+
+    def affects(self, vm_name: str) -> bool:
+        """Whether ``vm_name`` is among Resources (Azure names compare case-insensitively)."""
+        if not vm_name:
+            return False
+        wanted = vm_name.casefold()
+        return any(r.casefold() == wanted for r in self.resources)
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A parsed Scheduled Events document."""
+
+    incarnation: int
+    events: tuple[ScheduledEvent, ...] = ()
+
+
+class TransitionKind(enum.StrEnum):
+    """Transition names exactly as SPEC §3 spells them."""
+
+    SCHEDULED = "scheduled"
+    STARTED = "started"
+    UPDATED = "updated"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    APPROVED = "approved"
+    APPROVAL_SKIPPED = "approval_skipped"
+    DOCUMENT_RESET = "document_reset"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldChange:
+    """One changed field of an ``updated`` transition (IMDS field name, old and new JSON values)."""
+
+    name: str
+    old: str | int | list[str] | None
+    new: str | int | list[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One change the tracker derived from a document.
+
+    ``event`` is the event as it is after the transition (for removals: as it was last seen);
+    it is ``None`` only for ``document_reset``.
+    """
+
+    kind: TransitionKind
+    at: datetime
+    incarnation: int
+    event: ScheduledEvent | None = None
+    previous_status: str | None = None
+    notice: float | None = None
+    unannounced: bool | None = None
+    observed_start: bool | None = None
+    elapsed: float | None = None
+    changes: tuple[FieldChange, ...] = ()
+    observation_gap: float | None = None
+    previous_incarnation: int | None = None
+    #: For approval records (SPEC §7): HTTP status or skip reason.
+    approval_status: int | None = None
+    approval_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """What the instance metadata says about this VM (empty strings when unknown)."""
+
+    vm_name: str = ""
+    vm_id: str = ""
+    resource_id: str = ""
+    subscription_id: str = ""
+    resource_group: str = ""
+    region: str = ""
+    zone: str = ""
+    scale_set_name: str = ""
+    vm_size: str = ""
+    extra: tuple[tuple[str, str], ...] = field(default=())

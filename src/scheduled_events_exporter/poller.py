@@ -1,0 +1,161 @@
+"""The poll loop: IMDS client → parser → tracker → records → sinks, on a monotonic schedule.
+
+One thread, one request at a time (polls never overlap), next poll due one interval after the
+previous one was *due* (no drift); after a failure the retry delay replaces the cadence until a
+good document comes back. Everything that could block (sink I/O) happens on the sinks' workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Protocol
+
+from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.imds import ImdsClient, Outcome, PollResult, retry_delay
+from scheduled_events_exporter.model import InstanceInfo
+from scheduled_events_exporter.records import TransitionRecord, make_record
+from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
+from scheduled_events_exporter.tracker import TrackerState, note_unchanged, track
+
+log = logging.getLogger(__name__)
+
+
+class Submitter(Protocol):
+    """Anything records are handed to after each poll (every sink, the diagnostic log)."""
+
+    def submit(self, records: Sequence[TransitionRecord]) -> None:
+        """Take records without blocking on I/O."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """Injected time sources: wall time for the tracker, monotonic time for scheduling."""
+
+    wall: Callable[[], datetime] = lambda: datetime.now(UTC)
+    monotonic: Callable[[], float] = time.monotonic
+
+
+def next_due(previous_due: float, now: float, interval: float) -> float:
+    """The next tick of the cadence after ``previous_due`` that is not in the past.
+
+    Skipping missed ticks (rather than firing them back to back) keeps the 5 req/s IMDS budget
+    and the phase of the schedule after a slow poll.
+    """
+    due = previous_due + interval
+    if due <= now:
+        due += ((now - due) // interval + 1) * interval
+    return due
+
+
+class Poller:
+    """Owns the tracker state and drives one poll at a time."""
+
+    def __init__(
+        self,
+        config: Config,
+        client: ImdsClient,
+        sinks: Sequence[Submitter],
+        telemetry: Telemetry,
+        *,
+        instance: InstanceInfo,
+        state: TrackerState | None = None,
+        clock: Clock | None = None,
+        on_state: Callable[[TrackerState], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.sinks = list(sinks)
+        self.telemetry = telemetry
+        self.instance = instance
+        self.state = state or TrackerState()
+        self.clock = clock or Clock()
+        self._on_state = on_state
+        self._failures = 0
+        self._last_outcome: Outcome | None = None
+        self.last_good_monotonic: float | None = None
+        self.ticks = 0
+        self.last_tick_monotonic: float | None = None
+
+    def set_instance(self, instance: InstanceInfo) -> None:
+        """Adopt instance metadata that arrived late (one reference swap; the loop reads it)."""
+        self.instance = instance
+
+    def poll_once(self) -> tuple[PollResult, tuple[TransitionRecord, ...]]:
+        """Fetch, parse, track and hand over one document. Never raises for IMDS trouble."""
+        result = self.client.fetch_events()
+        now_mono = self.clock.monotonic()
+        self.ticks += 1
+        self.last_tick_monotonic = now_mono
+        self.telemetry.record_request(result.outcome, result.status, result.duration)
+        self._log_outcome(result)
+        records: tuple[TransitionRecord, ...] = ()
+        if result.outcome is Outcome.OK and result.document is not None:
+            now = self.clock.wall()
+            new_state, transitions = track(self.state, result.document, now,
+                                           gap_threshold=self.config.gap_threshold)
+            instance = self.instance
+            records = tuple(make_record(t, instance) for t in transitions)
+            changed = transitions or new_state.incarnation != self.state.incarnation
+            self.state = new_state
+            if records:
+                # Hand over in the same poll that saw the change: this is the detection delay.
+                for sink in self.sinks:
+                    sink.submit(records)
+                for record in records:
+                    self.telemetry.record_transition(record)
+            if changed and self._on_state is not None:
+                self._on_state(new_state)
+        elif result.outcome is Outcome.NOT_MODIFIED:
+            self.state = note_unchanged(self.state, self.clock.wall())
+        if result.outcome.good:
+            self.last_good_monotonic = now_mono
+            self._failures = 0
+            self.telemetry.publish(GaugeSnapshot(
+                events=tuple(k.event for k in self.state.events.values()),
+                vm_name=self.instance.vm_name,
+                incarnation=self.state.incarnation,
+                last_good_monotonic=now_mono,
+            ))
+        else:
+            self._failures += 1
+        return result, records
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set."""
+        interval = self.config.poll_interval
+        due = self.clock.monotonic()
+        while not stop.is_set():
+            result, _ = self.poll_once()
+            now = self.clock.monotonic()
+            if result.outcome.good:
+                due = next_due(due, now, interval)
+            else:
+                due = now + retry_delay(result, self._failures, interval)
+            stop.wait(max(0.0, due - self.clock.monotonic()))
+
+    def _log_outcome(self, result: PollResult) -> None:
+        # Once per outcome change, not once per second: a 410 minute is one line, not sixty.
+        if result.outcome is self._last_outcome:
+            return
+        previous, self._last_outcome = self._last_outcome, result.outcome
+        if result.outcome.good:
+            if previous is not None:
+                log.info("IMDS answering again (%s) after %s", result.outcome.value,
+                         previous.value)
+            else:
+                log.info("IMDS answered: first document received")
+        elif result.outcome is Outcome.GONE:
+            log.info("IMDS answered 410 Gone (normal for up to 70 s after start); retrying")
+        else:
+            log.warning("IMDS request failed (%s): %s", result.outcome.value, result.error)
+
+
+def with_vm_name(instance: InstanceInfo, fallback: str) -> InstanceInfo:
+    """Use ``fallback`` (the host name) as VM name until instance metadata tells the truth."""
+    return instance if instance.vm_name else replace(instance, vm_name=fallback)

@@ -1,0 +1,239 @@
+"""Transition → record: the one place that names the fields every sink ships.
+
+A :class:`TransitionRecord` carries a transition together with the VM it was seen on and a stable
+id. Two renderings come out of it: :func:`to_columns` (the flat SPEC §8 object used by the console
+and Event Hubs sinks, one key per ``AzureScheduledEvents_CL`` column) and :func:`to_attributes`
+(the SPEC §4 OpenTelemetry log attributes). :data:`COLUMNS` declares the table schema; tests derive
+the Log Analytics table and the KQL checks from it, so a renamed field breaks them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from scheduled_events_exporter import __version__
+from scheduled_events_exporter.model import InstanceInfo, Transition, TransitionKind
+
+#: ``AzureScheduledEvents_CL`` columns in order, with their Log Analytics types.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("TimeGenerated", "datetime"),
+    ("Transition", "string"),
+    ("EventId", "string"),
+    ("EventType", "string"),
+    ("EventStatus", "string"),
+    ("PreviousStatus", "string"),
+    ("EventSource", "string"),
+    ("ResourceType", "string"),
+    ("Resources", "dynamic"),
+    ("AffectsSelf", "boolean"),
+    ("NotBefore", "datetime"),
+    ("DurationInSeconds", "int"),
+    ("Description", "string"),
+    ("DocumentIncarnation", "int"),
+    ("NoticeSeconds", "real"),
+    ("Unannounced", "boolean"),
+    ("ObservedStart", "boolean"),
+    ("ElapsedSeconds", "real"),
+    ("Changes", "dynamic"),
+    ("ObservationGapSeconds", "real"),
+    ("VmId", "string"),
+    ("VmName", "string"),
+    ("ResourceId", "string"),
+    ("SubscriptionId", "string"),
+    ("ResourceGroup", "string"),
+    ("Region", "string"),
+    ("Zone", "string"),
+    ("ScaleSetName", "string"),
+    ("RecordId", "string"),
+    ("ExporterVersion", "string"),
+)
+
+_UID_NAMESPACE = uuid.UUID("6f6c3c1e-7a0b-4b8e-9a51-2f5d8f0c9e11")
+
+ColumnValue = str | int | float | bool | list[str] | dict[str, object] | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRecord:
+    """A transition as shipped: the transition, the VM that saw it and its stable id."""
+
+    transition: Transition
+    instance: InstanceInfo
+    record_id: str
+    affects_self: bool
+    exporter_version: str = __version__
+
+    @property
+    def event_name(self) -> str:
+        """The OTel ``event_name``: ``azure.scheduled_event.<transition>``."""
+        return f"azure.scheduled_event.{self.transition.kind.value}"
+
+
+def rfc3339(moment: datetime) -> str:
+    """UTC RFC 3339 with millisecond precision and a ``Z`` suffix."""
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def record_id(transition: Transition, vm_key: str) -> str:
+    """A deterministic id for a transition.
+
+    Replaying the same document against the same state (after a crash before the state was
+    persisted) yields the same id, so consumers can de-duplicate at-least-once deliveries.
+    """
+    event_id = transition.event.event_id if transition.event else ""
+    status = transition.event.status if transition.event else ""
+    changes = ";".join(f"{c.name}={c.old!r}>{c.new!r}" for c in transition.changes)
+    key = "|".join(
+        (
+            vm_key,
+            event_id,
+            transition.kind.value,
+            str(transition.incarnation),
+            str(transition.previous_incarnation),
+            status,
+            changes,
+        )
+    )
+    return str(uuid.uuid5(_UID_NAMESPACE, key))
+
+
+def make_record(transition: Transition, instance: InstanceInfo) -> TransitionRecord:
+    """Wrap a transition for the sinks."""
+    event = transition.event
+    return TransitionRecord(
+        transition=transition,
+        instance=instance,
+        record_id=record_id(transition, instance.vm_id or instance.vm_name),
+        affects_self=bool(event and event.affects(instance.vm_name)),
+    )
+
+
+def changes_object(transition: Transition) -> dict[str, object]:
+    """``{field: [old, new]}`` for an ``updated`` transition."""
+    return {c.name: [c.old, c.new] for c in transition.changes}
+
+
+def body(record: TransitionRecord) -> str:
+    """The one-line human summary used as the log body."""
+    t = record.transition
+    e = t.event
+    if e is None:
+        return (
+            f"Scheduled events document reset: incarnation {t.previous_incarnation} -> "
+            f"{t.incarnation}"
+        )
+    who = ", ".join(e.resources) or "no listed resources"
+    kind = e.event_type or "Event"
+    impact = f"{e.duration} s impact" if e.duration >= 0 else "impact duration unknown"
+    when = f"not before {rfc3339(e.not_before)[:19]}Z" if e.not_before else "no NotBefore"
+    match t.kind:
+        case TransitionKind.SCHEDULED:
+            return f"{kind} scheduled for {who} {when} ({impact})"
+        case TransitionKind.STARTED:
+            how = "unannounced " if t.unannounced else ""
+            return f"{kind} {how}started for {who} ({impact})"
+        case TransitionKind.UPDATED:
+            fields = ", ".join(c.name for c in t.changes)
+            return f"{kind} for {who} updated: {fields}"
+        case TransitionKind.COMPLETED:
+            seen = "" if t.observed_start else " (start not observed)"
+            return f"{kind} completed for {who}{seen}"
+        case TransitionKind.CANCELLED:
+            return f"{kind} cancelled for {who} (was {when})"
+        case TransitionKind.APPROVED:
+            return f"{kind} for {who} approved (HTTP {t.approval_status})"
+        case _:
+            return f"{kind} for {who}: approval skipped ({t.approval_reason})"
+
+
+def to_columns(record: TransitionRecord) -> dict[str, ColumnValue]:
+    """The flat SPEC §8 object: exactly the :data:`COLUMNS` keys, typed values, nulls kept."""
+    t = record.transition
+    e = t.event
+    inst = record.instance
+    out: dict[str, ColumnValue] = {
+        "TimeGenerated": rfc3339(t.at),
+        "Transition": t.kind.value,
+        "EventId": e.event_id if e else None,
+        "EventType": e.event_type if e else None,
+        "EventStatus": e.status if e else None,
+        "PreviousStatus": t.previous_status,
+        "EventSource": e.source if e else None,
+        "ResourceType": e.resource_type if e else None,
+        "Resources": list(e.resources) if e else None,
+        "AffectsSelf": record.affects_self,
+        "NotBefore": rfc3339(e.not_before) if e and e.not_before else None,
+        "DurationInSeconds": e.duration if e else None,
+        "Description": e.description if e else None,
+        "DocumentIncarnation": t.incarnation,
+        "NoticeSeconds": t.notice,
+        "Unannounced": t.unannounced,
+        "ObservedStart": t.observed_start,
+        "ElapsedSeconds": t.elapsed,
+        "Changes": changes_object(t) if t.changes else None,
+        "ObservationGapSeconds": t.observation_gap,
+        "VmId": inst.vm_id,
+        "VmName": inst.vm_name,
+        "ResourceId": inst.resource_id,
+        "SubscriptionId": inst.subscription_id,
+        "ResourceGroup": inst.resource_group,
+        "Region": inst.region,
+        "Zone": inst.zone,
+        "ScaleSetName": inst.scale_set_name,
+        "RecordId": record.record_id,
+        "ExporterVersion": record.exporter_version,
+    }
+    return out
+
+
+AttributeValue = str | bool | int | float | Sequence[str]
+
+
+def to_attributes(record: TransitionRecord) -> Mapping[str, AttributeValue]:
+    """The SPEC §4 log attributes (absent rather than null when a value does not apply)."""
+    t = record.transition
+    e = t.event
+    p = "azure.scheduled_event."
+    attrs: dict[str, AttributeValue] = {
+        p + "transition": t.kind.value,
+        p + "document_incarnation": t.incarnation,
+        "log.record.uid": record.record_id,
+    }
+    if e is not None:
+        attrs.update(
+            {
+                p + "id": e.event_id,
+                p + "type": e.event_type,
+                p + "status": e.status,
+                p + "source": e.source,
+                p + "resource_type": e.resource_type,
+                p + "resources": list(e.resources),
+                p + "affects_self": record.affects_self,
+                p + "duration": e.duration,
+                p + "description": e.description,
+            }
+        )
+        if e.not_before is not None:
+            attrs[p + "not_before"] = rfc3339(e.not_before)
+        if e.not_before_raw:
+            attrs[p + "not_before_raw"] = e.not_before_raw
+    optional: dict[str, AttributeValue | None] = {
+        p + "previous_status": t.previous_status,
+        p + "notice": t.notice,
+        p + "unannounced": t.unannounced,
+        p + "observed_start": t.observed_start,
+        p + "elapsed": t.elapsed,
+        p + "observation_gap": t.observation_gap,
+        p + "previous_incarnation": t.previous_incarnation,
+        p + "approval.http_status": t.approval_status,
+        p + "approval.reason": t.approval_reason,
+    }
+    attrs.update({k: v for k, v in optional.items() if v is not None})
+    if t.changes:
+        attrs[p + "changes"] = json.dumps(changes_object(t), sort_keys=True)
+    return attrs

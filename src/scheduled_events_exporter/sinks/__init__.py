@@ -1,0 +1,85 @@
+"""Sinks: where transition records and metrics go.
+
+A sink is anything with the :class:`Sink` shape. The poll loop only calls :meth:`Sink.submit`
+(non-blocking hand-over); every sink does its I/O on its own worker
+(:class:`~scheduled_events_exporter.sinks.delivery.DeliveryWorker`), so a dead collector or a
+hung Event Hubs client never delays the next poll. Sink modules are imported only when
+configured (:func:`create_sinks`): the gRPC and Event Hubs stacks cost tens of MB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+
+from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.records import TransitionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SinkStatus:
+    """A sink's delivery health, for logs and ``/readyz``."""
+
+    name: str
+    pending: int
+    #: Seconds the oldest undelivered record has waited (0 when idle).
+    oldest_wait: float
+    consecutive_failures: int
+    last_error: str
+    dropped: int
+
+
+class Sink(Protocol):
+    """What the poll loop needs from a sink."""
+
+    name: str
+
+    def metric_readers(self) -> Sequence[MetricReader]:
+        """Metric readers to attach to the MeterProvider (may be empty)."""
+        ...
+
+    def start(self, resource: Resource) -> None:
+        """Start the worker; ``resource`` describes this VM for OTel-shaped outputs."""
+        ...
+
+    def submit(self, records: Sequence[TransitionRecord]) -> None:
+        """Hand records over for delivery, in order. Must not block on I/O."""
+        ...
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for everything submitted to be delivered."""
+        ...
+
+    def shutdown(self, timeout: float) -> bool:
+        """Deliver what is pending within ``timeout`` and stop. True if nothing was left."""
+        ...
+
+    def status(self) -> SinkStatus:
+        """Current delivery health."""
+        ...
+
+
+FailureCounter = Callable[[str, str, int], None]
+
+
+def create_sinks(config: Config, count_failure: FailureCounter) -> list[Sink]:
+    """Build the configured sinks, importing only their modules."""
+    sinks: list[Sink] = []
+    for name in config.sinks:
+        if name == "console":
+            from scheduled_events_exporter.sinks.console import ConsoleSink
+
+            sinks.append(ConsoleSink(config, count_failure))
+        elif name == "otlp":
+            from scheduled_events_exporter.sinks.otlp import OtlpSink
+
+            sinks.append(OtlpSink(config, count_failure))
+        elif name == "eventhubs":
+            from scheduled_events_exporter.sinks.eventhubs import create_eventhubs_sink
+
+            sinks.append(create_eventhubs_sink(config, count_failure))
+    return sinks

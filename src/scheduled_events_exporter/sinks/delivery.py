@@ -1,0 +1,157 @@
+"""The delivery worker every sink uses: an ordered, bounded queue drained by one thread.
+
+Records are delivered in order and acknowledged only when the sink's ``deliver`` returns; a
+failure keeps them queued and retries with capped exponential backoff. The SDK's own
+``BatchLogRecordProcessor`` cannot do this: it drops a batch whose export failed and reports
+nothing, which would lose exactly the record an SRE needs after an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scheduled_events_exporter.records import TransitionRecord
+from scheduled_events_exporter.sinks import FailureCounter, SinkStatus
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 256
+BACKOFF_START = 0.5
+BACKOFF_CAP = 30.0
+
+
+class DeliveryError(Exception):
+    """A sink could not deliver a batch; the message is safe to log (no secrets)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    seq: int
+    record: TransitionRecord
+    enqueued: float
+
+
+class DeliveryWorker:
+    """Drains submitted records into ``deliver`` on a daemon thread."""
+
+    def __init__(
+        self,
+        name: str,
+        deliver: Callable[[Sequence[TransitionRecord]], None],
+        count_failure: FailureCounter,
+        *,
+        max_records: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self._deliver = deliver
+        self._count_failure = count_failure
+        self._max = max_records
+        self._clock = clock
+        self._queue: deque[_Queued] = deque()
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._stopping = False
+        self._failures = 0
+        self._last_error = ""
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def submit(self, records: Sequence[TransitionRecord]) -> None:
+        """Queue records (never blocks on I/O); past the bound the oldest are dropped and counted."""
+        if not records:
+            return
+        now = self._clock()
+        dropped = 0
+        with self._cond:
+            for record in records:
+                self._seq += 1
+                self._queue.append(_Queued(self._seq, record, now))
+            while len(self._queue) > self._max:
+                self._queue.popleft()
+                dropped += 1
+            self._dropped += dropped
+            self._cond.notify_all()
+        if dropped:
+            log.error("sink %s: queue full (%d records), dropped the %d oldest",
+                      self.name, self._max, dropped)
+            self._count_failure(self.name, "logs", dropped)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything submitted so far is delivered (or ``timeout`` passes)."""
+        deadline = self._clock() + timeout
+        with self._cond:
+            target = self._seq
+            while self._queue and self._queue[0].seq <= target:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def stop(self, timeout: float) -> bool:
+        """Deliver what is queued within ``timeout``, then stop. True if nothing was left."""
+        delivered = self.flush(timeout)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=0.5)
+        return delivered
+
+    def status(self) -> SinkStatus:
+        """Pending count, oldest wait and failure streak."""
+        with self._cond:
+            oldest = self._clock() - self._queue[0].enqueued if self._queue else 0.0
+            return SinkStatus(self.name, len(self._queue), oldest, self._failures,
+                              self._last_error, self._dropped)
+
+    def _run(self) -> None:
+        backoff = BACKOFF_START
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                batch = [q for _, q in zip(range(MAX_BATCH), self._queue, strict=False)]
+            try:
+                self._deliver([q.record for q in batch])
+            except Exception as exc:  # any sink failure must keep the records, never kill us
+                message = str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
+                with self._cond:
+                    self._failures += 1
+                    first = self._failures == 1
+                    self._last_error = message[:300]
+                if first:
+                    log.error("sink %s: delivery failed, will retry: %s", self.name, message[:300])
+                self._count_failure(self.name, "logs", 1)
+                with self._cond:
+                    # Full jitter keeps a fleet that lost its collector together from retrying
+                    # in lockstep; the wait ends early on stop.
+                    self._cond.wait(backoff * (0.5 + random.random() / 2))
+                    if self._stopping:
+                        return
+                backoff = min(backoff * 2, BACKOFF_CAP)
+                continue
+            backoff = BACKOFF_START
+            last = batch[-1].seq
+            with self._cond:
+                while self._queue and self._queue[0].seq <= last:
+                    self._queue.popleft()
+                if self._failures:
+                    log.warning("sink %s: delivering again after %d failed attempts",
+                                self.name, self._failures)
+                self._failures = 0
+                self._last_error = ""
+                self._cond.notify_all()

@@ -1,0 +1,225 @@
+"""Telemetry mapping (SPEC §4, §5): records → OTel log records, tracker state → metrics.
+
+Gauges are observable and read a :class:`GaugeSnapshot` that the poll loop publishes by
+swapping one reference, so collection (on the SDK's reader thread) never takes a lock shared
+with polling and per-event series vanish as soon as the event leaves the snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from opentelemetry._logs import LogRecord, SeverityNumber
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from scheduled_events_exporter import __version__
+from scheduled_events_exporter.imds import Outcome
+from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, TransitionKind
+from scheduled_events_exporter.records import TransitionRecord, body, to_attributes
+
+SCOPE_NAME = "scheduled_events_exporter"
+P = "azure.scheduled_event."
+
+#: (name, kind, unit) of every instrument, exactly as SPEC §5 names them.
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("azure.scheduled_events.pending", "gauge", "{event}"),
+    ("azure.scheduled_events.time_to_not_before", "gauge", "s"),
+    ("azure.scheduled_events.impact_duration", "gauge", "s"),
+    ("azure.scheduled_events.document_incarnation", "gauge", "1"),
+    ("azure.scheduled_events.transitions", "counter", "{transition}"),
+    ("azure.scheduled_events.notice", "histogram", "s"),
+    ("azure.scheduled_events.imds.requests", "counter", "{request}"),
+    ("azure.scheduled_events.imds.duration", "histogram", "s"),
+    ("azure.scheduled_events.imds.staleness", "gauge", "s"),
+    ("azure.scheduled_events.export.failures", "counter", "{failure}"),
+)
+
+#: Notice histogram buckets (s): 30 s preempt … 15 min … days of degraded-hardware notice.
+NOTICE_BUCKETS = (0, 30, 60, 120, 300, 600, 900, 1800, 3600, 21600, 86400, 604800)
+IMDS_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 130)
+
+
+def severity(record: TransitionRecord) -> tuple[SeverityNumber, str]:
+    """SPEC §3 severities: WARN for what is coming, ERROR when unannounced, INFO for endings."""
+    kind = record.transition.kind
+    if kind is TransitionKind.STARTED and record.transition.unannounced:
+        return SeverityNumber.ERROR, "ERROR"
+    if kind in (TransitionKind.SCHEDULED, TransitionKind.STARTED, TransitionKind.UPDATED,
+                TransitionKind.DOCUMENT_RESET):
+        return SeverityNumber.WARN, "WARN"
+    return SeverityNumber.INFO, "INFO"
+
+
+def build_resource(instance: InstanceInfo) -> Resource:
+    """OTel resource per semantic conventions; ``OTEL_RESOURCE_ATTRIBUTES`` and
+    ``OTEL_SERVICE_NAME`` (read by ``Resource.create``) add to or override these."""
+    attrs: dict[str, str] = {
+        "service.name": "azure-scheduled-events-exporter",
+        "service.version": __version__,
+        "cloud.provider": "azure",
+        "cloud.platform": "azure.vm",
+    }
+    optional = {
+        "cloud.region": instance.region,
+        "cloud.account.id": instance.subscription_id,
+        "cloud.resource_id": instance.resource_id,
+        "cloud.availability_zone": instance.zone,
+        "host.id": instance.vm_id,
+        "host.name": instance.vm_name,
+        "host.type": instance.vm_size,
+        "azure.vm.scaleset.name": instance.scale_set_name,
+        "azure.vm.sku": instance.vm_size,
+    }
+    attrs.update({k: v for k, v in optional.items() if v})
+    return Resource.create(attrs)
+
+
+def to_log_record(
+    record: TransitionRecord, resource: Resource, scope: InstrumentationScope
+) -> ReadableLogRecord:
+    """One OTel log record per transition, ready for any SDK ``LogRecordExporter``."""
+    number, text = severity(record)
+    at_ns = int(record.transition.at.timestamp() * 1e9)
+    log = LogRecord(
+        timestamp=at_ns,
+        observed_timestamp=at_ns,
+        severity_number=number,
+        severity_text=text,
+        body=body(record),
+        attributes=dict(to_attributes(record)),
+        event_name=record.event_name,
+    )
+    return ReadableLogRecord(log_record=log, resource=resource, instrumentation_scope=scope)
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeSnapshot:
+    """What the observable gauges report, published by the poll loop after each document."""
+
+    events: tuple[ScheduledEvent, ...] = ()
+    vm_name: str = ""
+    incarnation: int | None = None
+    #: Monotonic time of the last good document (None before the first).
+    last_good_monotonic: float | None = None
+
+
+@dataclass
+class Telemetry:
+    """The instruments, bound to one MeterProvider (no readers means no cost beyond the calls)."""
+
+    readers: Sequence[MetricReader] = ()
+    resource: Resource = field(default_factory=lambda: Resource.create({}))
+    wall: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    monotonic: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.snapshot = GaugeSnapshot()
+        self.provider = MeterProvider(metric_readers=list(self.readers), resource=self.resource)
+        meter = self.provider.get_meter(SCOPE_NAME, __version__)
+        m = "azure.scheduled_events."
+        meter.create_observable_gauge(m + "pending", [self._pending], unit="{event}",
+                                      description="Events currently in the document")
+        meter.create_observable_gauge(m + "time_to_not_before", [self._time_to_not_before],
+                                      unit="s", description="Seconds until NotBefore")
+        meter.create_observable_gauge(m + "impact_duration", [self._impact], unit="s",
+                                      description="DurationInSeconds of pending events")
+        meter.create_observable_gauge(m + "document_incarnation", [self._incarnation], unit="1",
+                                      description="Last DocumentIncarnation")
+        meter.create_observable_gauge(m + "imds.staleness", [self._staleness], unit="s",
+                                      description="Seconds since the last good document")
+        self._transitions = meter.create_counter(m + "transitions", unit="{transition}",
+                                                 description="Lifecycle transitions")
+        self._notice = meter.create_histogram(
+            m + "notice", unit="s", description="Notice: NotBefore minus first seen",
+            explicit_bucket_boundaries_advisory=NOTICE_BUCKETS)
+        self._requests = meter.create_counter(m + "imds.requests", unit="{request}",
+                                              description="IMDS requests by outcome")
+        self._duration = meter.create_histogram(
+            m + "imds.duration", unit="s", description="IMDS request duration",
+            explicit_bucket_boundaries_advisory=IMDS_DURATION_BUCKETS)
+        self._failures = meter.create_counter(m + "export.failures", unit="{failure}",
+                                              description="Failed or dropped exports")
+
+    # --- recording, called by the poll loop and the sinks (cheap, non-blocking) ---
+
+    def record_request(self, outcome: Outcome, status: int | None, duration: float) -> None:
+        """Count one IMDS request and its duration."""
+        attrs: dict[str, str | int] = {"outcome": outcome.value}
+        if status is not None:
+            attrs["http.response.status_code"] = status
+        self._requests.add(1, attrs)
+        self._duration.record(max(duration, 0.0), {"outcome": outcome.value})
+
+    def record_transition(self, record: TransitionRecord) -> None:
+        """Count a transition; a ``scheduled`` with a NotBefore also feeds the notice histogram."""
+        t = record.transition
+        event = t.event
+        attrs = {"transition": t.kind.value, "type": event.event_type if event else "",
+                 "source": event.source if event else ""}
+        self._transitions.add(1, attrs)
+        if t.kind is TransitionKind.SCHEDULED and t.notice is not None and event is not None:
+            # Histograms take non-negative values; a late sighting counts as zero notice.
+            self._notice.record(max(t.notice, 0.0), {"type": event.event_type,
+                                                      "source": event.source})
+
+    def record_export_failure(self, sink: str, signal: str, count: int = 1) -> None:
+        """Count failed or dropped exports by sink and signal."""
+        self._failures.add(count, {"sink": sink, "signal": signal})
+
+    def publish(self, snapshot: GaugeSnapshot) -> None:
+        """Replace what the gauges report (one reference swap; readers never see a half)."""
+        self.snapshot = snapshot
+
+    def shutdown(self, timeout: float) -> None:
+        """Flush and stop the metric readers."""
+        self.provider.shutdown(timeout_millis=max(timeout, 0.0) * 1000)
+
+    # --- observable gauge callbacks (SDK reader thread) ---
+
+    def _pending(self, _: CallbackOptions) -> Iterable[Observation]:
+        snap = self.snapshot
+        if not snap.events:
+            return [Observation(0)]
+        counts = Counter(
+            (e.event_type, e.status, e.source, e.affects(snap.vm_name)) for e in snap.events
+        )
+        return [
+            Observation(n, {"type": t, "status": s, "source": src, "affects_self": a})
+            for (t, s, src, a), n in counts.items()
+        ]
+
+    def _time_to_not_before(self, _: CallbackOptions) -> Iterable[Observation]:
+        snap = self.snapshot
+        now = self.wall()
+        return [
+            Observation((e.not_before - now).total_seconds(), self._event_attrs(e, snap))
+            for e in snap.events
+            if e.not_before is not None and not e.is_started
+        ]
+
+    def _impact(self, _: CallbackOptions) -> Iterable[Observation]:
+        snap = self.snapshot
+        return [Observation(e.duration, self._event_attrs(e, snap))
+                for e in snap.events if e.duration >= 0]
+
+    def _incarnation(self, _: CallbackOptions) -> Iterable[Observation]:
+        inc = self.snapshot.incarnation
+        return [] if inc is None else [Observation(inc)]
+
+    def _staleness(self, _: CallbackOptions) -> Iterable[Observation]:
+        last = self.snapshot.last_good_monotonic
+        return [] if last is None else [Observation(self.monotonic() - last)]
+
+    @staticmethod
+    def _event_attrs(event: ScheduledEvent, snap: GaugeSnapshot) -> dict[str, str | bool]:
+        return {P + "id": event.event_id, "type": event.event_type,
+                "affects_self": event.affects(snap.vm_name)}

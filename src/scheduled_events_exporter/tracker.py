@@ -1,0 +1,247 @@
+"""Lifecycle tracker (SPEC §3): a pure function of (previous state, new document, now).
+
+IMDS has no Completed or Cancelled status: an event simply disappears. The tracker remembers what
+it has seen and turns each change of the document into transitions. No I/O and no clock reads:
+``now`` is an argument, so every rule is unit-testable and replaying the same inputs yields the
+same outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from scheduled_events_exporter.model import (
+    Document,
+    FieldChange,
+    ScheduledEvent,
+    Transition,
+    TransitionKind,
+)
+
+#: Fields whose change (with an unchanged status) is an ``updated`` transition, by IMDS name.
+UPDATE_FIELDS: tuple[str, ...] = (
+    "NotBefore",
+    "DurationInSeconds",
+    "Resources",
+    "EventType",
+    "Description",
+)
+
+FieldValue = str | int | list[str] | None
+
+#: Status reported after a removal (not an IMDS value: IMDS just drops the event).
+STATUS_COMPLETED = "Completed"
+STATUS_CANCELLED = "Cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class KnownEvent:
+    """An event the tracker has seen and not yet seen end."""
+
+    event: ScheduledEvent
+    first_seen: datetime
+    status_since: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerState:
+    """Everything the tracker needs to remember between documents.
+
+    ``events`` keeps insertion order (first sight), which orders removals deterministically.
+    It is never mutated: :func:`track` builds a new mapping.
+    """
+
+    events: Mapping[str, KnownEvent] = field(default_factory=dict)
+    incarnation: int | None = None
+    #: When the last good document (200 or 304) was seen; ``None`` before the first one.
+    last_good: datetime | None = None
+
+
+def field_value(event: ScheduledEvent, name: str) -> FieldValue:
+    """An event field by its IMDS name, in the JSON form used for ``changes``."""
+    match name:
+        case "NotBefore":
+            if event.not_before is not None:
+                return event.not_before.strftime("%Y-%m-%dT%H:%M:%SZ")
+            return event.not_before_raw or None
+        case "DurationInSeconds":
+            return event.duration
+        case "Resources":
+            return list(event.resources)
+        case "EventType":
+            return event.event_type
+        case "Description":
+            return event.description
+        case "EventStatus":
+            return event.status
+    raise KeyError(f"unknown event field {name!r}")
+
+
+def observation_gap(state: TrackerState, now: datetime, gap_threshold: float) -> float | None:
+    """Seconds without a good document, when longer than ``gap_threshold``; else ``None``."""
+    if state.last_good is None:
+        return None
+    gap = (now - state.last_good).total_seconds()
+    return gap if gap > gap_threshold else None
+
+
+def note_unchanged(state: TrackerState, now: datetime) -> TrackerState:
+    """Record a good but unchanged document (HTTP 304): only the freshness moves."""
+    return replace(state, last_good=now)
+
+
+def track(
+    state: TrackerState,
+    document: Document,
+    now: datetime,
+    *,
+    gap_threshold: float,
+) -> tuple[TrackerState, tuple[Transition, ...]]:
+    """Compare ``document`` with ``state`` and return the new state and the transitions.
+
+    Order inside one document (SPEC §3): ``document_reset`` first (it explains what follows),
+    then removals, status changes, updates and appearances, each in document (or first-seen)
+    order. An event changes at most once per document: a status change carries the new values
+    of the other fields rather than adding an ``updated`` beside it.
+    """
+    gap = observation_gap(state, now, gap_threshold)
+    incarnation = document.incarnation
+
+    make = _Maker(now=now, incarnation=incarnation, gap=gap)
+
+    resets: list[Transition] = []
+    if state.incarnation is not None and incarnation < state.incarnation:
+        resets.append(
+            make(TransitionKind.DOCUMENT_RESET, None, previous_incarnation=state.incarnation)
+        )
+
+    current = {e.event_id: e for e in document.events}
+    removals: list[Transition] = []
+    for event_id, known in state.events.items():
+        if event_id not in current:
+            removals.append(_removal(known, now, make))
+
+    status_changes: list[Transition] = []
+    updates: list[Transition] = []
+    appearances: list[Transition] = []
+    new_events: dict[str, KnownEvent] = {}
+    for event in document.events:
+        known_or_none = state.events.get(event.event_id)
+        if known_or_none is None:
+            new_events[event.event_id] = KnownEvent(event, first_seen=now, status_since=now)
+            appearances.append(_appearance(event, now, make))
+            continue
+        known = known_or_none
+        old = known.event
+        if event == old:
+            new_events[event.event_id] = known
+            continue
+        elapsed = (now - known.status_since).total_seconds()
+        if event.status != old.status and event.is_started:
+            status_changes.append(
+                make(
+                    TransitionKind.STARTED,
+                    event,
+                    previous_status=old.status,
+                    unannounced=False,
+                    elapsed=elapsed,
+                )
+            )
+            new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since=now)
+            continue
+        changes = _changes(old, event)
+        status_since = known.status_since if event.status == old.status else now
+        new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since)
+        if changes:
+            updates.append(
+                make(TransitionKind.UPDATED, event, previous_status=old.status, changes=changes)
+            )
+
+    new_state = TrackerState(events=new_events, incarnation=incarnation, last_good=now)
+    transitions = (*resets, *removals, *status_changes, *updates, *appearances)
+    return new_state, transitions
+
+
+def _changes(old: ScheduledEvent, new: ScheduledEvent) -> tuple[FieldChange, ...]:
+    names = UPDATE_FIELDS if old.status == new.status else ("EventStatus", *UPDATE_FIELDS)
+    out: list[FieldChange] = []
+    for name in names:
+        before, after = field_value(old, name), field_value(new, name)
+        if before != after:
+            out.append(FieldChange(name, before, after))
+    return tuple(out)
+
+
+def _removal(known: KnownEvent, now: datetime, make: _Maker) -> Transition:
+    event = known.event
+    elapsed = (now - known.status_since).total_seconds()
+    # The record shows the status *after* the transition; IMDS has no word for it, we do.
+    if event.is_started:
+        return make(
+            TransitionKind.COMPLETED,
+            replace(event, status=STATUS_COMPLETED),
+            previous_status=event.status,
+            observed_start=True,
+            elapsed=elapsed,
+        )
+    if event.not_before is not None and event.not_before > now:
+        return make(
+            TransitionKind.CANCELLED,
+            replace(event, status=STATUS_CANCELLED),
+            previous_status=event.status,
+            elapsed=elapsed,
+        )
+    # Gone after its NotBefore (or with none usable): it ran, we just never saw it Started.
+    return make(
+        TransitionKind.COMPLETED,
+        replace(event, status=STATUS_COMPLETED),
+        previous_status=event.status,
+        observed_start=False,
+        elapsed=elapsed,
+    )
+
+
+def _appearance(event: ScheduledEvent, now: datetime, make: _Maker) -> Transition:
+    if event.is_started:
+        return make(TransitionKind.STARTED, event, unannounced=True)
+    notice = (event.not_before - now).total_seconds() if event.not_before is not None else None
+    return make(TransitionKind.SCHEDULED, event, notice=notice)
+
+
+@dataclass(frozen=True, slots=True)
+class _Maker:
+    """Builds transitions that share the document's time, incarnation and observation gap."""
+
+    now: datetime
+    incarnation: int
+    gap: float | None
+
+    def __call__(
+        self,
+        kind: TransitionKind,
+        event: ScheduledEvent | None,
+        *,
+        previous_status: str | None = None,
+        notice: float | None = None,
+        unannounced: bool | None = None,
+        observed_start: bool | None = None,
+        elapsed: float | None = None,
+        changes: tuple[FieldChange, ...] = (),
+        previous_incarnation: int | None = None,
+    ) -> Transition:
+        return Transition(
+            kind=kind,
+            at=self.now,
+            incarnation=self.incarnation,
+            event=event,
+            previous_status=previous_status,
+            notice=notice,
+            unannounced=unannounced,
+            observed_start=observed_start,
+            elapsed=elapsed,
+            changes=changes,
+            observation_gap=self.gap,
+            previous_incarnation=previous_incarnation,
+        )

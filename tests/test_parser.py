@@ -1,0 +1,188 @@
+"""Document parser: documented shapes, tolerated extras, and everything that must be an error."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduled_events_exporter.parser import (
+    MAX_DOCUMENT_BYTES,
+    DocumentError,
+    parse_document,
+    parse_not_before,
+)
+
+DOC = {
+    "DocumentIncarnation": 2,
+    "Events": [
+        {
+            "EventId": "C7061BAC-AFDC-4513-B24B-AA5F13A16123",
+            "EventStatus": "Scheduled",
+            "EventType": "Freeze",
+            "ResourceType": "VirtualMachine",
+            "Resources": ["WestNO_0", "WestNO_1"],
+            "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT",
+            "Description": "Virtual machine is being paused because of a memory-preserving Live Migration operation.",
+            "EventSource": "Platform",
+            "DurationInSeconds": 5,
+        }
+    ],
+}
+
+
+def raw(doc: object) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def test_documented_example() -> None:
+    doc = parse_document(raw(DOC))
+    assert doc.incarnation == 2
+    (e,) = doc.events
+    assert e.event_id == "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+    assert e.not_before == datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)
+    assert e.resources == ("WestNO_0", "WestNO_1") and e.duration == 5 and e.source == "Platform"
+
+
+def test_empty_events_and_bom_and_unknown_fields() -> None:
+    body = b"\xef\xbb\xbf" + raw({"DocumentIncarnation": 1, "Events": [], "Future": {"x": 1}})
+    assert parse_document(body).events == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Mon, 11 Apr 2022 22:26:58 GMT", datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)),
+        ("2022-04-11T22:26:58Z", datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)),
+        ("2022-04-11T23:26:58+01:00", datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)),
+        ("2022-04-11T22:26:58.123456", datetime(2022, 4, 11, 22, 26, 58, 123456, tzinfo=UTC)),
+        ("", None),
+        ("   ", None),
+        ("tomorrow", None),
+        ("Mon, 99 Apr 2022 22:26:58 GMT", None),
+        ("9999-12-31T23:59:59Z", datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)),
+        ("1970-01-01T00:00:00Z", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("x" * 10_000, None),
+    ],
+)
+def test_not_before_forms(text: str, expected: datetime | None) -> None:
+    assert parse_not_before(text) == expected
+
+
+def test_missing_optional_fields_get_documented_defaults() -> None:
+    doc = parse_document(raw({"DocumentIncarnation": 1,
+                              "Events": [{"EventId": "X", "EventStatus": "Started"}]}))
+    (e,) = doc.events
+    assert (e.duration, e.resources, e.not_before, e.source, e.event_type) == (-1, (), None, "", "")
+
+
+def test_unparseable_not_before_keeps_raw_text_and_the_document() -> None:
+    body = json.loads(raw(DOC))
+    body["Events"][0]["NotBefore"] = "next tuesday"
+    (e,) = parse_document(raw(body)).events
+    assert e.not_before is None and e.not_before_raw == "next tuesday"
+
+
+def _with_event(**changes: object) -> bytes:
+    body = json.loads(raw(DOC))
+    body["Events"][0].update(changes)
+    return raw(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "not JSON"),
+        (b"<html><body>Service Unavailable</body></html>", "not JSON"),
+        (raw(DOC)[:-10], "not JSON"),
+        (b"\xff\xfe\x00garbage", "not UTF-8"),
+        (b"[]", "expected a JSON object, got list"),
+        (b"null", "expected a JSON object"),
+        (raw({"Events": []}), "DocumentIncarnation to be an integer, got nothing"),
+        (raw({"DocumentIncarnation": "x", "Events": {}}), "DocumentIncarnation to be an integer"),
+        (raw({"DocumentIncarnation": True, "Events": []}), "DocumentIncarnation to be an integer"),
+        (raw({"DocumentIncarnation": 1}), "Events to be a list, got nothing"),
+        (raw({"DocumentIncarnation": 1, "Events": {}}), "Events to be a list"),
+        (raw({"DocumentIncarnation": 1, "Events": ["x"]}), "Events[0]: expected an object"),
+        (_with_event(EventId=None), "missing EventId"),
+        (_with_event(EventId=""), "EventId is empty"),
+        (_with_event(EventId=7), "EventId to be a string"),
+        (_with_event(EventStatus=None), "missing EventStatus"),
+        (_with_event(Resources="WestNO_0"), "Resources to be a list of strings"),
+        (_with_event(Resources=[1]), "Resources to be a list of strings"),
+        (_with_event(DurationInSeconds="5"), "DurationInSeconds to be an integer"),
+        (_with_event(DurationInSeconds=1.5), "DurationInSeconds to be an integer"),
+        (_with_event(NotBefore=5), "NotBefore to be a string"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_malformed_documents_are_errors_never_empty(body: bytes, message: str) -> None:
+    with pytest.raises(DocumentError) as info:
+        parse_document(body)
+    assert message in str(info.value)
+
+
+def test_duplicate_event_ids_are_an_error() -> None:
+    body = json.loads(raw(DOC))
+    body["Events"].append(body["Events"][0])
+    with pytest.raises(DocumentError, match="duplicate EventId"):
+        parse_document(raw(body))
+
+
+def test_oversized_document_is_rejected_before_decoding() -> None:
+    with pytest.raises(DocumentError, match="expected at most"):
+        parse_document(b" " * (MAX_DOCUMENT_BYTES + 1))
+
+
+def test_huge_strings_are_bounded_and_absurd_numbers_clamped() -> None:
+    body = _with_event(Description="d" * 1_000_000, DurationInSeconds=10**30)
+    doc = json.loads(body)
+    doc["DocumentIncarnation"] = -(10**40)
+    (e,) = parse_document(raw(doc)).events
+    assert len(e.description) < 10_000 and e.description.endswith("[truncated]")
+    assert e.duration == 2**62
+    assert parse_document(raw(doc)).incarnation == -(2**62)
+
+
+def test_error_excerpt_is_short_and_printable() -> None:
+    with pytest.raises(DocumentError) as info:
+        parse_document(b"\x00\x01<html>" + b"x" * 5000)
+    assert len(info.value.excerpt) <= 120 and info.value.excerpt.isprintable()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=20,
+)
+event_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "EventId": st.one_of(st.text(max_size=10), json_values),
+        "EventStatus": st.one_of(st.sampled_from(["Scheduled", "Started"]), json_values),
+        "Resources": st.one_of(st.lists(st.text(max_size=5), max_size=3), json_values),
+        "NotBefore": st.one_of(st.text(max_size=40), json_values),
+        "DurationInSeconds": st.one_of(st.integers(), json_values),
+    },
+)
+documents = st.fixed_dictionaries(
+    {},
+    optional={
+        "DocumentIncarnation": st.one_of(st.integers(), json_values),
+        "Events": st.one_of(st.lists(event_like, max_size=4), json_values),
+    },
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.one_of(documents.map(raw), st.binary(max_size=200)))
+def test_fuzz_only_document_errors_escape(body: bytes) -> None:
+    try:
+        doc = parse_document(body)
+    except DocumentError:
+        return
+    assert isinstance(doc.incarnation, int)
+    assert all(e.event_id.strip() for e in doc.events)

@@ -1,0 +1,239 @@
+"""Lifecycle tracker: a table of documented sequences plus hypothesis properties."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduled_events_exporter.model import Document, ScheduledEvent, TransitionKind
+from scheduled_events_exporter.tracker import TrackerState, note_unchanged, track
+
+T0 = datetime(2022, 4, 11, 22, 0, 0, tzinfo=UTC)
+NB = datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)
+GAP = 3.0
+K = TransitionKind
+
+
+def ev(event_id: str = "C7061BAC", status: str = "Scheduled", **kw: object) -> ScheduledEvent:
+    base = ScheduledEvent(
+        event_id=event_id, status=status, event_type="Freeze", resource_type="VirtualMachine",
+        resources=("WestNO_0", "WestNO_1"), not_before=NB, description="Live migration",
+        source="Platform", duration=5,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def run(docs: list[tuple[float, int, list[ScheduledEvent]]], state: TrackerState | None = None):
+    """Feed (seconds after T0, incarnation, events) documents; return all transitions."""
+    state = state or TrackerState()
+    out = []
+    for offset, inc, events in docs:
+        state, transitions = track(state, Document(inc, tuple(events)), T0 + timedelta(seconds=offset),
+                                   gap_threshold=GAP)
+        out.extend(transitions)
+    return state, out
+
+
+def kinds(transitions) -> list[str]:
+    return [t.kind.value for t in transitions]
+
+
+def test_documented_live_migration_sequence() -> None:
+    started = ev(status="Started", not_before=None)
+    state, out = run([(0, 1, []), (1, 2, [ev()]), (2, 3, [started]), (3, 4, [])])
+    assert kinds(out) == ["scheduled", "started", "completed"]
+    scheduled, start, done = out
+    assert scheduled.notice == pytest.approx((NB - (T0 + timedelta(seconds=1))).total_seconds())
+    assert scheduled.previous_status is None and scheduled.observation_gap is None
+    assert start.previous_status == "Scheduled" and start.unannounced is False
+    assert start.elapsed == pytest.approx(1.0)
+    assert start.changes == ()  # NotBefore going empty is part of starting, not an update
+    assert done.observed_start is True and done.previous_status == "Started"
+    assert done.event is not None and done.event.status == "Completed"
+    assert done.elapsed == pytest.approx(1.0)
+    assert state.events == {} and state.incarnation == 4
+
+
+def test_hardware_failure_is_unannounced_start() -> None:
+    reboot = ev("HW", status="Started", event_type="Reboot", not_before=None, duration=-1)
+    _, out = run([(0, 1, []), (1, 2, [reboot]), (2, 3, [])])
+    assert kinds(out) == ["started", "completed"]
+    assert out[0].unannounced is True and out[0].previous_status is None
+    assert out[1].observed_start is True
+
+
+def test_cancellation_before_not_before() -> None:
+    _, out = run([(0, 1, [ev()]), (10, 2, [])])
+    assert kinds(out) == ["scheduled", "cancelled"]
+    assert out[1].event is not None and out[1].event.status == "Cancelled"
+    assert out[1].previous_status == "Scheduled" and out[1].elapsed == pytest.approx(10)
+
+
+def test_scheduled_gone_after_not_before_is_completed_unobserved() -> None:
+    early = ev(not_before=T0 + timedelta(seconds=5))
+    _, out = run([(0, 1, [early]), (6, 2, [])])
+    assert kinds(out) == ["scheduled", "completed"]
+    assert out[1].observed_start is False
+
+
+def test_scheduled_without_not_before_disappearing_is_completed() -> None:
+    _, out = run([(0, 1, [ev(not_before=None)]), (1, 2, [])])
+    assert kinds(out) == ["scheduled", "completed"]
+    assert out[0].notice is None and out[1].observed_start is False
+
+
+def test_reschedule_is_an_update_with_old_and_new() -> None:
+    later = NB + timedelta(hours=1)
+    _, out = run([(0, 1, [ev()]), (1, 2, [ev(not_before=later)])])
+    assert kinds(out) == ["scheduled", "updated"]
+    (change,) = out[1].changes
+    assert (change.name, change.old, change.new) == ("NotBefore", "2022-04-11T22:26:58Z",
+                                                     "2022-04-11T23:26:58Z")
+
+
+def test_status_going_back_is_an_update_listing_it() -> None:
+    started = ev(status="Started", not_before=None)
+    _, out = run([(0, 1, [ev()]), (1, 2, [started]), (2, 3, [ev()])])
+    assert kinds(out) == ["scheduled", "started", "updated"]
+    names = [c.name for c in out[2].changes]
+    assert names[0] == "EventStatus" and "NotBefore" in names
+
+
+def test_unknown_status_is_kept_and_treated_like_scheduled() -> None:
+    odd = ev(status="Pending")
+    _, out = run([(0, 1, [odd]), (1, 2, [])])
+    assert kinds(out) == ["scheduled", "cancelled"]
+    assert out[0].event is not None and out[0].event.status == "Pending"
+
+
+def test_several_events_order_removals_status_updates_appearances() -> None:
+    a, b, c, d = ev("A"), ev("B"), ev("C"), ev("D")
+    first = [a, b, c]
+    second = [replace(b, status="Started"), replace(c, duration=9), d]
+    _, out = run([(0, 1, first), (1, 2, second)])
+    assert kinds(out)[3:] == ["cancelled", "started", "updated", "scheduled"]
+    assert [t.event.event_id for t in out[3:] if t.event] == ["A", "B", "C", "D"]
+
+
+def test_peer_only_event_is_tracked_like_any_other() -> None:
+    peer = ev("P", resources=("WestNO_1",))
+    _, out = run([(0, 1, [peer]), (1, 2, [])])
+    assert kinds(out) == ["scheduled", "cancelled"]
+    assert out[0].event is not None and not out[0].event.affects("WestNO_0")
+    assert out[0].event.affects("westno_1")  # Azure names compare case-insensitively
+
+
+def test_new_incarnation_identical_list_emits_nothing() -> None:
+    state, out = run([(0, 1, [ev()]), (1, 2, [ev()]), (2, 7, [ev()])])
+    assert kinds(out) == ["scheduled"]
+    assert state.incarnation == 7
+
+
+def test_incarnation_reset_is_reported_once_then_removals() -> None:
+    _, out = run([(0, 5, [ev()]), (1, 1, []), (2, 1, []), (3, 2, [])])
+    assert kinds(out) == ["scheduled", "document_reset", "cancelled"]
+    reset = out[1]
+    assert reset.event is None and reset.previous_incarnation == 5 and reset.incarnation == 1
+
+
+def test_observation_gap_marks_every_transition_of_that_document() -> None:
+    state, _ = run([(0, 1, [ev("A"), ev("B")])])
+    state, out = run([(60, 2, [ev("B", status="Started", not_before=None)])], state)
+    assert kinds(out) == ["cancelled", "started"]
+    assert all(t.observation_gap == pytest.approx(60.0) for t in out)
+
+
+def test_unchanged_document_keeps_the_watch_continuous() -> None:
+    state, _ = run([(0, 1, [ev()])])
+    for second in range(1, 10):
+        state = note_unchanged(state, T0 + timedelta(seconds=second))
+    _, out = run([(10, 2, [])], state)
+    assert out[0].observation_gap is None
+
+
+def test_unparseable_not_before_counts_as_unknown() -> None:
+    odd = ev(not_before=None, not_before_raw="soon-ish")
+    _, out = run([(0, 1, [odd]), (1, 2, [])])
+    assert kinds(out) == ["scheduled", "completed"]
+    assert out[0].event is not None and out[0].event.not_before_raw == "soon-ish"
+
+
+# --- properties ---
+
+ids = st.sampled_from(["A", "B", "C", "D", "E"])
+statuses = st.sampled_from(["Scheduled", "Started", "Weird"])
+events = st.builds(
+    lambda i, s, nb, d: ev(i, status=s, not_before=None if nb is None else T0 + timedelta(seconds=nb),
+                           duration=d),
+    ids, statuses, st.one_of(st.none(), st.integers(-100, 1000)), st.integers(-1, 30),
+)
+documents = st.lists(
+    st.tuples(st.integers(-3, 5), st.lists(events, max_size=5, unique_by=lambda e: e.event_id)),
+    max_size=12,
+)
+
+
+def _feed(docs):
+    state, out, offset, inc = TrackerState(), [], 0.0, 0
+    for step, (inc_delta, evs) in enumerate(docs):
+        offset += 1 + step % 7
+        inc = max(0, inc + inc_delta)
+        state, ts = track(state, Document(inc, tuple(evs)), T0 + timedelta(seconds=offset),
+                          gap_threshold=GAP)
+        out.extend(ts)
+    return state, out, offset
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents)
+def test_every_event_ends_in_exactly_one_terminal_transition(docs) -> None:
+    state, out, offset = _feed([*docs, (1, [])])
+    assert state.events == {}
+    # Each appearance is closed by exactly one terminal transition before it may reappear.
+    open_ids: set[str] = set()
+    for t in out:
+        if t.event is None:
+            continue
+        eid = t.event.event_id
+        if t.kind in (K.COMPLETED, K.CANCELLED):
+            assert eid in open_ids
+            open_ids.remove(eid)
+        elif t.kind in (K.SCHEDULED,) or (t.kind is K.STARTED and t.unannounced):
+            assert eid not in open_ids
+            open_ids.add(eid)
+        else:
+            assert eid in open_ids
+    assert open_ids == set()
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents)
+def test_transitions_are_a_function_of_the_inputs(docs) -> None:
+    assert _feed(docs)[1] == _feed(docs)[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(events, max_size=5, unique_by=lambda e: e.event_id), st.integers(0, 5))
+def test_identical_events_list_emits_nothing(evs, bump) -> None:
+    state, _ = track(TrackerState(), Document(3, tuple(evs)), T0, gap_threshold=GAP)
+    _, again = track(state, Document(3 + bump, tuple(evs)), T0 + timedelta(seconds=1),
+                     gap_threshold=GAP)
+    assert again == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents)
+def test_at_most_one_transition_per_event_per_document(docs) -> None:
+    state, offset, inc = TrackerState(), 0.0, 0
+    for inc_delta, evs in docs:
+        offset += 1
+        inc = max(0, inc + inc_delta)
+        state, ts = track(state, Document(inc, tuple(evs)), T0 + timedelta(seconds=offset),
+                          gap_threshold=GAP)
+        ids_seen = [t.event.event_id for t in ts if t.event]
+        assert len(ids_seen) == len(set(ids_seen))
+        assert [t.kind for t in ts].count(K.DOCUMENT_RESET) <= 1
