@@ -13,15 +13,18 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
 from scheduled_events_exporter.model import InstanceInfo
 from scheduled_events_exporter.poller import Clock, Poller, with_vm_name
 from scheduled_events_exporter.records import TransitionRecord, body
 from scheduled_events_exporter.sinks import Sink, create_sinks
+from scheduled_events_exporter.state import PersistedState, StateStore
 from scheduled_events_exporter.telemetry import Telemetry, build_resource
+from scheduled_events_exporter.tracker import TrackerState
 
 log = logging.getLogger("scheduled_events_exporter")
 
@@ -51,52 +54,147 @@ class LoggingSink:
             log.info("%s: %s", record.event_name, body(record))
 
 
+class StateCommitter:
+    """Saves the state file when the tracker state changed, and at least every minute."""
+
+    HEARTBEAT = 60.0
+
+    def __init__(self, store: StateStore, count_failure: Callable[[str, str, int], None]) -> None:
+        self._store = store
+        self._count_failure = count_failure
+        self._last_save = -float("inf")
+        self._failing = False
+        self._lock = threading.Lock()
+
+    def commit(
+        self,
+        state: TrackerState,
+        records: tuple[TransitionRecord, ...],
+        seq: int,
+        *,
+        changed: bool,
+    ) -> None:
+        """Write the state file (with ``records`` as its outbox) when it is due."""
+        now = time.monotonic()
+        with self._lock:
+            if not changed and now - self._last_save < self.HEARTBEAT:
+                return
+            try:
+                self._store.save(PersistedState(tracker=state, seq=seq, outbox=records))
+            except OSError as exc:
+                if not self._failing:
+                    log.error("cannot write the state file %s (%s); a restart would forget "
+                              "what was seen since", self._store.path, exc)
+                self._failing = True
+                self._count_failure("state", "state", 1)
+                return
+            if self._failing:
+                log.info("state file written again")
+            self._failing = False
+            self._last_save = now
+
+
 class Exporter:
     """A running exporter: poller thread, sinks and telemetry."""
 
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or Clock()
-        self.client = ImdsClient(config.imds_endpoint, first_timeout=config.imds_first_timeout,
-                                 timeout=config.imds_timeout)
+        self.client = ImdsClient(
+            config.imds_endpoint,
+            first_timeout=config.imds_first_timeout,
+            timeout=config.imds_timeout,
+        )
         self._telemetry: Telemetry | None = None
         self.sinks: list[Sink] = create_sinks(config, self._count_failure)
         instance = self._first_instance()
         readers = [r for s in self.sinks for r in s.metric_readers()]
-        self.telemetry = Telemetry(readers=readers, resource=build_resource(instance),
-                                   wall=self.clock.wall, monotonic=self.clock.monotonic)
+        self.telemetry = Telemetry(
+            readers=readers,
+            resource=build_resource(instance),
+            wall=self.clock.wall,
+            monotonic=self.clock.monotonic,
+        )
         self._telemetry = self.telemetry
+        self.store = StateStore(config.state_dir) if config.state_dir else None
+        persisted = self.store.load() if self.store else None
+        seq = persisted.seq if persisted else 0
         for sink in self.sinks:
             sink.start(self.telemetry.resource)
-        self.poller = Poller(config, self.client, [*self.sinks, LoggingSink()],
-                             self.telemetry, instance=instance, clock=self.clock)
+            if persisted and persisted.outbox:
+                # Repair a crash between committing the state and spooling its records.
+                sink.submit(persisted.outbox)
+            seq = max(seq, sink.status().last_seq)
+        if persisted:
+            log.info("state restored: %d known events, incarnation %s, last good document %s",
+                     len(persisted.tracker.events), persisted.tracker.incarnation,
+                     persisted.tracker.last_good.isoformat() if persisted.tracker.last_good
+                     else "never")
+        self.committer = StateCommitter(self.store, self._count_failure) if self.store else None
+        self.poller = Poller(
+            config,
+            self.client,
+            [*self.sinks, LoggingSink()],
+            self.telemetry,
+            instance=instance,
+            state=persisted.tracker if persisted else None,
+            clock=self.clock,
+            seq=seq,
+            commit=self.committer,
+        )
         self._stop_polling = threading.Event()
-        self._thread = threading.Thread(target=self.poller.run, args=(self._stop_polling,),
-                                        name="poller", daemon=True)
+        self._thread = threading.Thread(
+            target=self.poller.run, args=(self._stop_polling,), name="poller", daemon=True
+        )
+        self.health: HealthServer | None = None
+        if config.health_addr is not None:
+            self.health = HealthServer(config.health_addr, HealthInputs(
+                last_tick=lambda: self.poller.last_tick_monotonic,
+                started=time.monotonic(),
+                last_good=lambda: self.poller.last_good_monotonic,
+                last_outcome=lambda: self.poller.last_outcome,
+                sink_status=lambda: [s.status() for s in self.sinks],
+                poll_interval=config.poll_interval,
+                request_timeout=max(config.imds_first_timeout, config.imds_timeout),
+                staleness_limit=config.staleness_limit,
+            ))
         if not instance.vm_id:
-            threading.Thread(target=self._retry_instance, name="instance-metadata",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._retry_instance, name="instance-metadata", daemon=True
+            ).start()
 
     def start(self) -> None:
         """Start polling."""
-        log.info("polling %s every %g s; sinks: %s", self.config.imds_endpoint,
-                 self.config.poll_interval, ", ".join(self.config.sinks))
+        log.info(
+            "polling %s every %g s; sinks: %s",
+            self.config.imds_endpoint,
+            self.config.poll_interval,
+            ", ".join(self.config.sinks),
+        )
         self._thread.start()
+        if self.health is not None:
+            self.health.start()
 
     def stop(self) -> bool:
         """Stop polling, drain every sink within the shutdown timeout. True if all drained."""
         self._stop_polling.set()
         deadline = time.monotonic() + self.config.shutdown_timeout
         self._thread.join(timeout=min(1.0, self.config.shutdown_timeout))
+        if self.committer is not None:
+            # Keep "last good document" fresh so the next start measures its gap correctly.
+            self.committer.commit(self.poller.state, (), self.poller.seq, changed=True)
         drained = True
         for sink in self.sinks:
             remaining = max(0.0, deadline - time.monotonic())
             if not sink.shutdown(remaining):
                 status = sink.status()
-                log.error("sink %s: %d records not delivered at shutdown", sink.name,
-                          status.pending)
+                log.error(
+                    "sink %s: %d records not delivered at shutdown", sink.name, status.pending
+                )
                 drained = False
         self.telemetry.shutdown(max(0.5, deadline - time.monotonic()))
+        if self.health is not None:
+            self.health.stop()
         self.client.close()
         return drained
 
@@ -106,24 +204,38 @@ class Exporter:
 
     def _first_instance(self) -> InstanceInfo:
         fallback = InstanceInfo(vm_name=socket.gethostname())
-        probe = ImdsClient(self.config.imds_endpoint, first_timeout=INSTANCE_WAIT,
-                           timeout=min(INSTANCE_WAIT, self.config.imds_timeout))
+        probe = ImdsClient(
+            self.config.imds_endpoint,
+            first_timeout=INSTANCE_WAIT,
+            timeout=min(INSTANCE_WAIT, self.config.imds_timeout),
+        )
         try:
             instance = with_vm_name(probe.fetch_instance(), fallback.vm_name)
-            log.info("instance metadata: VM %s (%s) in %s", instance.vm_name,
-                     instance.vm_id or "no vmId", instance.region or "unknown region")
+            log.info(
+                "instance metadata: VM %s (%s) in %s",
+                instance.vm_name,
+                instance.vm_id or "no vmId",
+                instance.region or "unknown region",
+            )
             return instance
         except (OSError, ValueError) as exc:
-            log.warning("instance metadata unavailable (%s); using host name %r as VM name and "
-                        "retrying in the background", exc, fallback.vm_name)
+            log.warning(
+                "instance metadata unavailable (%s); using host name %r as VM name and "
+                "retrying in the background",
+                exc,
+                fallback.vm_name,
+            )
             return fallback
         finally:
             probe.close()
 
     def _retry_instance(self) -> None:
         delay = 2.0
-        probe = ImdsClient(self.config.imds_endpoint, first_timeout=self.config.imds_timeout,
-                           timeout=self.config.imds_timeout)
+        probe = ImdsClient(
+            self.config.imds_endpoint,
+            first_timeout=self.config.imds_timeout,
+            timeout=self.config.imds_timeout,
+        )
         while not self._stop_polling.wait(delay * (0.5 + random.random() / 2)):
             try:
                 instance = with_vm_name(probe.fetch_instance(), socket.gethostname())
@@ -131,16 +243,24 @@ class Exporter:
                 delay = min(delay * 2, 300.0)
                 continue
             self.poller.set_instance(instance)
-            log.info("instance metadata arrived: VM %s (%s); records carry it from now on "
-                     "(the OTel resource keeps its start-up values)", instance.vm_name,
-                     instance.vm_id)
+            log.info(
+                "instance metadata arrived: VM %s (%s); records carry it from now on "
+                "(the OTel resource keeps its start-up values)",
+                instance.vm_name,
+                instance.vm_id,
+            )
             break
         probe.close()
 
 
 def run(config: Config, stop: threading.Event) -> int:
     """Run until ``stop`` is set; exit code 0 after a clean shutdown."""
-    exporter = Exporter(config)
+    try:
+        exporter = Exporter(config)
+    except OSError as exc:
+        # E.g. SEE_HEALTH_ADDR already in use, or the state directory vanished.
+        log.error("cannot start: %s", exc)
+        return 1
     exporter.start()
     stop.wait()
     log.info("stopping: draining sinks (up to %g s)", config.shutdown_timeout)

@@ -6,7 +6,7 @@ Everything here is a frozen dataclass or an enum: values cross module boundaries
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 #: EventStatus values the platform documents; anything else is kept verbatim (SPEC §3).
@@ -113,4 +113,3 @@ class InstanceInfo:
     zone: str = ""
     scale_set_name: str = ""
     vm_size: str = ""
-    extra: tuple[tuple[str, str], ...] = field(default=())

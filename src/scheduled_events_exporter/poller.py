@@ -33,6 +33,21 @@ class Submitter(Protocol):
         ...
 
 
+class Committer(Protocol):
+    """Persists the tracker state (and the records it produced) before they are handed over."""
+
+    def commit(
+        self,
+        state: TrackerState,
+        records: tuple[TransitionRecord, ...],
+        seq: int,
+        *,
+        changed: bool,
+    ) -> None:
+        """Save when ``changed``; otherwise at most a periodic freshness update."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Clock:
     """Injected time sources: wall time for the tracker, monotonic time for scheduling."""
@@ -66,7 +81,8 @@ class Poller:
         instance: InstanceInfo,
         state: TrackerState | None = None,
         clock: Clock | None = None,
-        on_state: Callable[[TrackerState], None] | None = None,
+        seq: int = 0,
+        commit: Committer | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -75,9 +91,11 @@ class Poller:
         self.instance = instance
         self.state = state or TrackerState()
         self.clock = clock or Clock()
-        self._on_state = on_state
+        self.seq = seq
+        self._commit = commit
         self._failures = 0
-        self._last_outcome: Outcome | None = None
+        self._last_outcome: str | None = None
+        self.last_outcome: str | None = None
         self.last_good_monotonic: float | None = None
         self.ticks = 0
         self.last_tick_monotonic: float | None = None
@@ -94,34 +112,45 @@ class Poller:
         self.last_tick_monotonic = now_mono
         self.telemetry.record_request(result.outcome, result.status, result.duration)
         self._log_outcome(result)
+        self.last_outcome = result.outcome.value
         records: tuple[TransitionRecord, ...] = ()
         if result.outcome is Outcome.OK and result.document is not None:
             now = self.clock.wall()
-            new_state, transitions = track(self.state, result.document, now,
-                                           gap_threshold=self.config.gap_threshold)
+            new_state, transitions = track(
+                self.state, result.document, now, gap_threshold=self.config.gap_threshold
+            )
             instance = self.instance
-            records = tuple(make_record(t, instance) for t in transitions)
-            changed = transitions or new_state.incarnation != self.state.incarnation
+            records = tuple(
+                make_record(t, instance, seq=self.seq + i) for i, t in enumerate(transitions, 1)
+            )
+            self.seq += len(records)
+            changed = bool(records) or new_state.incarnation != self.state.incarnation
             self.state = new_state
+            # Commit first: once the state says "seen", the records must already be durable
+            # (they ride in the state file's outbox until the spools have them).
+            if self._commit is not None:
+                self._commit.commit(new_state, records, self.seq, changed=changed)
             if records:
                 # Hand over in the same poll that saw the change: this is the detection delay.
                 for sink in self.sinks:
                     sink.submit(records)
                 for record in records:
                     self.telemetry.record_transition(record)
-            if changed and self._on_state is not None:
-                self._on_state(new_state)
         elif result.outcome is Outcome.NOT_MODIFIED:
             self.state = note_unchanged(self.state, self.clock.wall())
+            if self._commit is not None:
+                self._commit.commit(self.state, (), self.seq, changed=False)
         if result.outcome.good:
             self.last_good_monotonic = now_mono
             self._failures = 0
-            self.telemetry.publish(GaugeSnapshot(
-                events=tuple(k.event for k in self.state.events.values()),
-                vm_name=self.instance.vm_name,
-                incarnation=self.state.incarnation,
-                last_good_monotonic=now_mono,
-            ))
+            self.telemetry.publish(
+                GaugeSnapshot(
+                    events=tuple(k.event for k in self.state.events.values()),
+                    vm_name=self.instance.vm_name,
+                    incarnation=self.state.incarnation,
+                    last_good_monotonic=now_mono,
+                )
+            )
         else:
             self._failures += 1
         return result, records
@@ -141,15 +170,16 @@ class Poller:
 
     def _log_outcome(self, result: PollResult) -> None:
         # Once per outcome change, not once per second: a 410 minute is one line, not sixty.
-        if result.outcome is self._last_outcome:
+        # 200 and 304 are both "good" and alternate constantly, so they count as one outcome.
+        key = "good" if result.outcome.good else result.outcome.value
+        if key == self._last_outcome:
             return
-        previous, self._last_outcome = self._last_outcome, result.outcome
+        previous, self._last_outcome = self._last_outcome, key
         if result.outcome.good:
-            if previous is not None:
-                log.info("IMDS answering again (%s) after %s", result.outcome.value,
-                         previous.value)
-            else:
+            if previous is None:
                 log.info("IMDS answered: first document received")
+            else:
+                log.info("IMDS answering again after %s", previous)
         elif result.outcome is Outcome.GONE:
             log.info("IMDS answered 410 Gone (normal for up to 70 s after start); retrying")
         else:

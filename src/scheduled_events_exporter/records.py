@@ -66,6 +66,8 @@ class TransitionRecord:
     record_id: str
     affects_self: bool
     exporter_version: str = __version__
+    #: Position in the exporter's record stream (spool order); 0 when not spooled.
+    seq: int = 0
 
     @property
     def event_name(self) -> str:
@@ -102,7 +104,7 @@ def record_id(transition: Transition, vm_key: str) -> str:
     return str(uuid.uuid5(_UID_NAMESPACE, key))
 
 
-def make_record(transition: Transition, instance: InstanceInfo) -> TransitionRecord:
+def make_record(transition: Transition, instance: InstanceInfo, seq: int = 0) -> TransitionRecord:
     """Wrap a transition for the sinks."""
     event = transition.event
     return TransitionRecord(
@@ -110,6 +112,7 @@ def make_record(transition: Transition, instance: InstanceInfo) -> TransitionRec
         instance=instance,
         record_id=record_id(transition, instance.vm_id or instance.vm_name),
         affects_self=bool(event and event.affects(instance.vm_name)),
+        seq=seq,
     )
 
 

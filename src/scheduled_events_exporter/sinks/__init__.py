@@ -18,6 +18,7 @@ from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
+from scheduled_events_exporter.spool import Spool
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,8 @@ class SinkStatus:
     consecutive_failures: int
     last_error: str
     dropped: int
+    #: Highest record sequence number this sink has seen (spooled or delivered).
+    last_seq: int = 0
 
 
 class Sink(Protocol):
@@ -64,6 +67,13 @@ class Sink(Protocol):
 
 
 FailureCounter = Callable[[str, str, int], None]
+
+
+def open_spool(config: Config, sink: str) -> Spool | None:
+    """The sink's on-disk spool under the state directory (none when state is disabled)."""
+    if config.state_dir is None:
+        return None
+    return Spool(config.state_dir / "spool", sink)
 
 
 def create_sinks(config: Config, count_failure: FailureCounter) -> list[Sink]:

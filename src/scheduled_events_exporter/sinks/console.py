@@ -12,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, to_columns
-from scheduled_events_exporter.sinks import FailureCounter, SinkStatus
+from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
 from scheduled_events_exporter.sinks.delivery import DeliveryError, DeliveryWorker
 
 
@@ -26,11 +26,17 @@ class ConsoleSink:
 
     name = "console"
 
-    def __init__(self, config: Config, count_failure: FailureCounter,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self, config: Config, count_failure: FailureCounter, stream: TextIO | None = None
+    ) -> None:
         self._stream = stream if stream is not None else sys.stdout
-        self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
-                                      max_records=config.spool_max_records)
+        self._worker = DeliveryWorker(
+            self.name,
+            self._deliver,
+            count_failure,
+            max_records=config.spool_max_records,
+            spool=open_spool(config, self.name),
+        )
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """The console carries transitions only."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks import FailureCounter, SinkStatus
+from scheduled_events_exporter.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class DeliveryWorker:
         count_failure: FailureCounter,
         *,
         max_records: int,
+        spool: Spool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -54,6 +56,7 @@ class DeliveryWorker:
         self._count_failure = count_failure
         self._max = max_records
         self._clock = clock
+        self._spool = spool
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
         self._seq = 0
@@ -64,28 +67,57 @@ class DeliveryWorker:
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
 
     def start(self) -> None:
-        """Start the worker thread."""
+        """Load what the spool still holds from before a restart, then start the thread."""
+        if self._spool is not None:
+            waiting = self._spool.load()
+            if waiting:
+                log.info("sink %s: %d undelivered records from before the restart",
+                         self.name, len(waiting))
+            self._enqueue(waiting, durable=False)
+            # Records up to here were delivered before the restart: never queue them again.
+            self._seq = max(self._seq, self._spool.last_seq)
         self._thread.start()
 
     def submit(self, records: Sequence[TransitionRecord]) -> None:
-        """Queue records (never blocks on I/O); past the bound the oldest are dropped and counted."""
+        """Queue records without blocking on I/O; past the bound the oldest are dropped, counted."""
+        self._enqueue(records, durable=True)
+
+    def _enqueue(self, records: Sequence[TransitionRecord], *, durable: bool) -> None:
+        # Idempotent by sequence number: the start-up outbox repair may offer records again.
+        records = [r for r in records if r.seq > self._seq]
         if not records:
             return
+        if durable and self._spool is not None:
+            try:
+                self._spool.append(records)
+            except OSError as exc:
+                # Still delivered from memory; only a crash before delivery could lose them.
+                log.error("sink %s: cannot write the spool (%s); holding records in memory",
+                          self.name, exc)
+                self._count_failure(self.name, "spool", 1)
         now = self._clock()
-        dropped = 0
+        dropped: list[_Queued] = []
         with self._cond:
             for record in records:
-                self._seq += 1
-                self._queue.append(_Queued(self._seq, record, now))
+                self._seq = record.seq
+                self._queue.append(_Queued(record.seq, record, now))
             while len(self._queue) > self._max:
-                self._queue.popleft()
-                dropped += 1
-            self._dropped += dropped
+                dropped.append(self._queue.popleft())
+            self._dropped += len(dropped)
             self._cond.notify_all()
         if dropped:
-            log.error("sink %s: queue full (%d records), dropped the %d oldest",
-                      self.name, self._max, dropped)
-            self._count_failure(self.name, "logs", dropped)
+            self._ack(dropped[-1].seq)
+            log.error("sink %s: spool full (%d records), dropped the %d oldest",
+                      self.name, self._max, len(dropped))
+            self._count_failure(self.name, "logs", len(dropped))
+
+    def _ack(self, seq: int) -> None:
+        if self._spool is None:
+            return
+        try:
+            self._spool.ack(seq)
+        except OSError as exc:  # the records were delivered; a stale cursor only repeats them
+            log.error("sink %s: cannot record delivery in the spool (%s)", self.name, exc)
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is delivered (or ``timeout`` passes)."""
@@ -114,7 +146,7 @@ class DeliveryWorker:
         with self._cond:
             oldest = self._clock() - self._queue[0].enqueued if self._queue else 0.0
             return SinkStatus(self.name, len(self._queue), oldest, self._failures,
-                              self._last_error, self._dropped)
+                              self._last_error, self._dropped, self._seq)
 
     def _run(self) -> None:
         backoff = BACKOFF_START
@@ -128,7 +160,9 @@ class DeliveryWorker:
             try:
                 self._deliver([q.record for q in batch])
             except Exception as exc:  # any sink failure must keep the records, never kill us
-                message = str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
+                message = (
+                    str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
+                )
                 with self._cond:
                     self._failures += 1
                     first = self._failures == 1
@@ -146,12 +180,16 @@ class DeliveryWorker:
                 continue
             backoff = BACKOFF_START
             last = batch[-1].seq
+            self._ack(last)
             with self._cond:
                 while self._queue and self._queue[0].seq <= last:
                     self._queue.popleft()
                 if self._failures:
-                    log.warning("sink %s: delivering again after %d failed attempts",
-                                self.name, self._failures)
+                    log.warning(
+                        "sink %s: delivering again after %d failed attempts",
+                        self.name,
+                        self._failures,
+                    )
                 self._failures = 0
                 self._last_error = ""
                 self._cond.notify_all()

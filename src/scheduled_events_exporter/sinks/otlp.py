@@ -26,7 +26,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import FailureCounter, SinkStatus
+from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
 from scheduled_events_exporter.sinks.delivery import DeliveryError, DeliveryWorker
 from scheduled_events_exporter.telemetry import SCOPE_NAME, to_log_record
 
@@ -46,8 +46,9 @@ class CountingMetricExporter(MetricExporter):
         self._count_failure = count_failure
         self._failing = False
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-               **kwargs: Any) -> MetricExportResult:
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
         """Export through the wrapped exporter; count and log (once per streak) failures."""
         try:
             result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
@@ -105,8 +106,13 @@ class OtlpSink:
         )
         self._scope = InstrumentationScope(SCOPE_NAME, __version__)
         self._resource = Resource.create({})
-        self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
-                                      max_records=config.spool_max_records)
+        self._worker = DeliveryWorker(
+            self.name,
+            self._deliver,
+            count_failure,
+            max_records=config.spool_max_records,
+            spool=open_spool(config, self.name),
+        )
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """The periodic OTLP metric reader."""

@@ -1,0 +1,133 @@
+"""``/healthz`` and ``/readyz`` (SPEC §6) with JSON bodies.
+
+``/healthz``: the process is alive and the poll loop is ticking (not wedged past the longest
+request plus the longest retry delay). ``/readyz``: a good IMDS document within
+``SEE_STALENESS_LIMIT`` and no sink whose oldest undelivered record has waited longer than that
+(an idle sink is healthy). Nothing here reads a secret: sink errors are our own messages.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from scheduled_events_exporter.sinks import SinkStatus
+
+log = logging.getLogger(__name__)
+
+#: Longest retry delay the poll loop can choose (imds.retry_delay caps), plus slack.
+MAX_RETRY_DELAY = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthInputs:
+    """What the probes look at; read through callables so they see live values."""
+
+    last_tick: Callable[[], float | None]
+    started: float
+    last_good: Callable[[], float | None]
+    last_outcome: Callable[[], str | None]
+    sink_status: Callable[[], Sequence[SinkStatus]]
+    poll_interval: float
+    request_timeout: float
+    staleness_limit: float
+    monotonic: Callable[[], float] = time.monotonic
+
+
+def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
+    """Whether the poll loop is ticking, with the detail."""
+    now = inputs.monotonic()
+    tick = inputs.last_tick()
+    since = now - (tick if tick is not None else inputs.started)
+    allowed = inputs.request_timeout + MAX_RETRY_DELAY + 2 * inputs.poll_interval + 5.0
+    ok = since <= allowed
+    return ok, {"status": "ok" if ok else "stalled", "seconds_since_last_poll": round(since, 3),
+                "allowed_seconds": allowed}
+
+
+def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
+    """Whether IMDS data is fresh and every sink delivers, with the detail."""
+    now = inputs.monotonic()
+    good = inputs.last_good()
+    age = None if good is None else now - good
+    fresh = age is not None and age <= inputs.staleness_limit
+    sinks: dict[str, object] = {}
+    failing: list[str] = []
+    for status in inputs.sink_status():
+        is_failing = status.oldest_wait > inputs.staleness_limit
+        if is_failing:
+            failing.append(status.name)
+        sinks[status.name] = {
+            "pending": status.pending,
+            "oldest_wait_seconds": round(status.oldest_wait, 3),
+            "failing": is_failing,
+            "consecutive_failures": status.consecutive_failures,
+            "last_error": status.last_error,
+            "dropped": status.dropped,
+        }
+    ok = fresh and not failing
+    reasons = []
+    if not fresh:
+        reasons.append("no good IMDS document yet" if age is None else
+                       f"last good IMDS document {age:.1f} s ago")
+    reasons.extend(f"sink {name} failing" for name in failing)
+    body: dict[str, object] = {
+        "status": "ready" if ok else "not ready",
+        "reasons": reasons,
+        "last_good_document_age_seconds": None if age is None else round(age, 3),
+        "staleness_limit_seconds": inputs.staleness_limit,
+        "imds_last_outcome": inputs.last_outcome(),
+        "sinks": sinks,
+        "spool_depth": sum(s.pending for s in inputs.sink_status()),
+    }
+    return ok, body
+
+
+class HealthServer:
+    """A tiny HTTP server for the probes, on its own daemon thread."""
+
+    def __init__(self, addr: tuple[str, int], inputs: HealthInputs) -> None:
+        probes = {"/healthz": liveness, "/readyz": readiness}
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "scheduled-events-exporter"
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                probe = probes.get(self.path.split("?", 1)[0])
+                if probe is None:
+                    self._send(404, {"error": f"unknown path {self.path[:100]!r}; "
+                                              "expected /healthz or /readyz"})
+                    return
+                ok, body = probe(inputs)
+                self._send(200 if ok else 503, body)
+
+            def _send(self, status: int, body: dict[str, object]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # probes every few seconds would drown the diagnostic log
+
+        self._server = ThreadingHTTPServer(addr, Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="health",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Serve in the background."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()

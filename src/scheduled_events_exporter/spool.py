@@ -1,0 +1,137 @@
+"""Per-sink on-disk spool: records wait here until their sink acknowledges them (SPEC §6).
+
+An append-only log of JSON lines (``<sink>.log``, each ``{"seq": n, "record": {...}}``) plus an
+acknowledgement cursor (``<sink>.ack``, the highest delivered sequence number). Appends are
+fsynced and idempotent by sequence number; a torn last line after a crash is skipped. The log
+is compacted (rewritten atomically with only pending lines) once everything in it is delivered
+or it has grown past a bound, so the file stays small in steady state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from scheduled_events_exporter.codec import decode_record, encode_record
+from scheduled_events_exporter.records import TransitionRecord
+from scheduled_events_exporter.state import write_atomically
+
+log = logging.getLogger(__name__)
+
+COMPACT_BYTES = 4 * 1024 * 1024
+
+
+class Spool:
+    """The durable queue of one sink."""
+
+    def __init__(self, directory: Path, sink: str) -> None:
+        self.sink = sink
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log_path = directory / f"{sink}.log"
+        self.ack_path = directory / f"{sink}.ack"
+        self._lock = threading.Lock()
+        self.acked = self._read_ack()
+        self.last_seq = self.acked
+        self._pending: list[TransitionRecord] = []
+        self._loaded = False
+
+    def load(self) -> list[TransitionRecord]:
+        """Records appended but not acknowledged, in order (read once, at start)."""
+        with self._lock:
+            if self._loaded:
+                return list(self._pending)
+            self._loaded = True
+            pending: dict[int, TransitionRecord] = {}
+            skipped = 0
+            try:
+                with self.log_path.open("rb") as handle:
+                    for line in handle:
+                        try:
+                            item = json.loads(line)
+                            seq = item["seq"]
+                            if not isinstance(seq, int):
+                                raise ValueError("seq")
+                            record = decode_record(item["record"])
+                        except (ValueError, KeyError, TypeError, RecursionError):
+                            skipped += 1
+                            continue
+                        self.last_seq = max(self.last_seq, seq)
+                        if seq > self.acked:
+                            pending[seq] = record
+            except FileNotFoundError:
+                pass
+            if skipped:
+                log.warning("spool %s: skipped %d unreadable lines (a torn write after a crash)",
+                            self.sink, skipped)
+            self._pending = [replace_seq(r, s) for s, r in sorted(pending.items())]
+            return list(self._pending)
+
+    def append(self, records: Sequence[TransitionRecord]) -> list[TransitionRecord]:
+        """Durably append the records not already here; returns those actually appended."""
+        with self._lock:
+            fresh = [r for r in records if r.seq > self.last_seq]
+            if not fresh:
+                return []
+            data = b"".join(
+                json.dumps({"seq": r.seq, "record": encode_record(r)},
+                           separators=(",", ":")).encode() + b"\n"
+                for r in fresh
+            )
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.last_seq = fresh[-1].seq
+            return fresh
+
+    def ack(self, seq: int) -> None:
+        """Everything up to ``seq`` is delivered (or dropped)."""
+        with self._lock:
+            if seq <= self.acked:
+                return
+            self.acked = seq
+            write_atomically(self.ack_path, str(seq).encode())
+            if seq >= self.last_seq:
+                # All delivered: the log restarts empty (the common, steady-state case).
+                write_atomically(self.log_path, b"")
+                return
+            try:
+                size = self.log_path.stat().st_size
+            except FileNotFoundError:
+                return
+            if size > COMPACT_BYTES:
+                # Re-read under the lock so lines appended since the caller looked are kept.
+                with self.log_path.open("rb") as handle:
+                    kept = [line for line in handle if _line_seq(line) > seq]
+                write_atomically(self.log_path, b"".join(kept))
+
+    def _read_ack(self) -> int:
+        try:
+            return max(0, int(self.ack_path.read_text().strip() or 0))
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError) as exc:
+            # Delivering again is better than losing: restart from the beginning of the log.
+            log.warning("spool %s: ack cursor unreadable (%s); redelivering from the start",
+                        self.sink, exc)
+            return 0
+
+
+def _line_seq(line: bytes) -> int:
+    try:
+        seq = json.loads(line)["seq"]
+    except (ValueError, KeyError, TypeError):
+        return -1
+    return seq if isinstance(seq, int) else -1
+
+
+def replace_seq(record: TransitionRecord, seq: int) -> TransitionRecord:
+    """The record with its spool sequence number (decoding keeps it too; this is a guard)."""
+    return record if record.seq == seq else replace(record, seq=seq)

@@ -1,0 +1,115 @@
+"""The state file (SPEC §6): what a restart must remember, written atomically.
+
+It holds the tracker state, the last record sequence number, and an *outbox*: the records of
+the last committed document. The poll loop commits the state (with its records) before handing
+the records to the sinks' spools; a crash between the two is repaired at start by re-spooling
+the outbox (spool appends are idempotent by sequence number). So a restart neither repeats nor
+forgets a transition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduled_events_exporter.codec import decode_record, decode_state, encode_record, encode_state
+from scheduled_events_exporter.records import TransitionRecord
+from scheduled_events_exporter.tracker import TrackerState
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+STATE_FILE = "state.json"
+#: A state file is a few KB; one far larger is not ours (or is damaged).
+MAX_STATE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedState:
+    """Everything the state file carries."""
+
+    tracker: TrackerState
+    seq: int = 0
+    outbox: tuple[TransitionRecord, ...] = ()
+    approvals: tuple[str, ...] = ()
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """temp file + fsync + rename + directory fsync: readers see the old or the new file whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class StateStore:
+    """Loads and saves :class:`PersistedState` in ``directory/state.json``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / STATE_FILE
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> PersistedState | None:
+        """The saved state; ``None`` when there is none or it is unusable (then set aside)."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("state file %s unreadable (%s); starting fresh", self.path, exc)
+            return None
+        try:
+            if size > MAX_STATE_BYTES:
+                raise ValueError(f"{size} bytes, expected at most {MAX_STATE_BYTES}")
+            data = json.loads(self.path.read_bytes().decode("utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            if data.get("schema") != SCHEMA_VERSION:
+                raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
+            seq = data.get("seq", 0)
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                raise ValueError("seq: expected a non-negative integer")
+            approvals = data.get("approvals", [])
+            if not isinstance(approvals, list) or not all(isinstance(a, str) for a in approvals):
+                raise ValueError("approvals: expected a list of strings")
+            return PersistedState(
+                tracker=decode_state(data["tracker"]),
+                seq=seq,
+                outbox=tuple(decode_record(r) for r in data.get("outbox", [])),
+                approvals=tuple(approvals),
+            )
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+            try:
+                os.replace(self.path, aside)
+            except OSError:
+                aside = self.path
+            log.warning("state file %s is unusable (%s); moved to %s, starting fresh",
+                        self.path, str(exc)[:200], aside.name)
+            return None
+
+    def save(self, state: PersistedState) -> None:
+        """Write the state atomically (raises ``OSError``; the caller decides what it means)."""
+        data = {
+            "schema": SCHEMA_VERSION,
+            "saved_at": time.time(),
+            "seq": state.seq,
+            "tracker": encode_state(state.tracker),
+            "outbox": [encode_record(r) for r in state.outbox],
+            "approvals": list(state.approvals),
+        }
+        write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
