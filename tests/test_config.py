@@ -49,10 +49,16 @@ def test_every_problem_is_reported_on_its_own_line(tmp_path: Path) -> None:
         load_config(bad)
     problems = info.value.problems
     assert len(problems) == 8
-    for name in ("SEE_POLL_INTERVAL='fast'", "SEE_IMDS_ENDPOINT='ftp://x/y'",
-                 "SEE_SINKS='otlp,kafka'", "SEE_HEALTH_ADDR='nonsense'",
-                 "SEE_SPOOL_MAX_RECORDS='-1'", "OTEL_EXPORTER_OTLP_PROTOCOL='http/json'",
-                 "OTEL_METRIC_EXPORT_INTERVAL='nan'", "SEE_STALENESS_LIMIT='inf'"):
+    for name in (
+        "SEE_POLL_INTERVAL='fast'",
+        "SEE_IMDS_ENDPOINT='ftp://x/y'",
+        "SEE_SINKS='otlp,kafka'",
+        "SEE_HEALTH_ADDR='nonsense'",
+        "SEE_SPOOL_MAX_RECORDS='-1'",
+        "OTEL_EXPORTER_OTLP_PROTOCOL='http/json'",
+        "OTEL_METRIC_EXPORT_INTERVAL='nan'",
+        "SEE_STALENESS_LIMIT='inf'",
+    ):
         assert any(p.startswith(name + ": expected") for p in problems), name
 
 
@@ -61,7 +67,7 @@ def test_poll_interval_bounds(tmp_path: Path, value: str) -> None:
     if not value.strip():
         assert load_config(env(tmp_path, SEE_POLL_INTERVAL=value)).poll_interval == 1.0
         return
-    with pytest.raises(ConfigError, match="from 0.2 to 3600"):
+    with pytest.raises(ConfigError, match=r"from 0\.2 to 3600"):
         load_config(env(tmp_path, SEE_POLL_INTERVAL=value))
 
 
@@ -75,7 +81,7 @@ def test_oversized_and_hostile_values(tmp_path: Path) -> None:
 def test_unwritable_state_dir_is_a_configuration_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(ConfigError, match="SEE_STATE_DIR=.*expected a writable directory"):
+    with pytest.raises(ConfigError, match=r"SEE_STATE_DIR=.*expected a writable directory"):
         load_config({"SEE_STATE_DIR": str(blocker / "sub")})
 
 
@@ -91,17 +97,27 @@ def test_eventhubs_needs_credentials_and_never_shows_secrets(tmp_path: Path) -> 
 
 def _cli(args: list[str], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SEE_", "OTEL_"))}
-    return subprocess.run([sys.executable, "-m", "scheduled_events_exporter", *args],
-                          env={**clean, **extra}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "scheduled_events_exporter", *args],
+        env={**clean, **extra},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_check_config_redacts_secrets(tmp_path: Path) -> None:
-    result = _cli(["check-config"], env(
-        tmp_path, SEE_SINKS="otlp,eventhubs",
-        SEE_EVENTHUB_CONNECTION_STRING="Endpoint=sb://x.servicebus.windows.net/;"
-        "SharedAccessKeyName=k;SharedAccessKey=TOPSECRET;EntityPath=hub",
-        OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer TOPSECRET",
-        OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318"))
+    result = _cli(
+        ["check-config"],
+        env(
+            tmp_path,
+            SEE_SINKS="otlp,eventhubs",
+            SEE_EVENTHUB_CONNECTION_STRING="Endpoint=sb://x.servicebus.windows.net/;"
+            "SharedAccessKeyName=k;SharedAccessKey=TOPSECRET;EntityPath=hub",
+            OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer TOPSECRET",
+            OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318",
+        ),
+    )
     assert result.returncode == 0, result.stderr
     assert "TOPSECRET" not in result.stdout + result.stderr
     assert "SEE_EVENTHUB_CONNECTION_STRING=<redacted>" in result.stdout

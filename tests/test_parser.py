@@ -26,7 +26,8 @@ DOC = {
             "ResourceType": "VirtualMachine",
             "Resources": ["WestNO_0", "WestNO_1"],
             "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT",
-            "Description": "Virtual machine is being paused because of a memory-preserving Live Migration operation.",
+            "Description": "Virtual machine is being paused because of a memory-preserving "
+            "Live Migration operation.",
             "EventSource": "Platform",
             "DurationInSeconds": 5,
         }
@@ -73,8 +74,9 @@ def test_not_before_forms(text: str, expected: datetime | None) -> None:
 
 
 def test_missing_optional_fields_get_documented_defaults() -> None:
-    doc = parse_document(raw({"DocumentIncarnation": 1,
-                              "Events": [{"EventId": "X", "EventStatus": "Started"}]}))
+    doc = parse_document(
+        raw({"DocumentIncarnation": 1, "Events": [{"EventId": "X", "EventStatus": "Started"}]})
+    )
     (e,) = doc.events
     assert (e.duration, e.resources, e.not_before, e.source, e.event_type) == (-1, (), None, "", "")
 
@@ -155,7 +157,9 @@ def test_error_excerpt_is_short_and_printable() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
     max_leaves=20,
 )
 event_like = st.fixed_dictionaries(

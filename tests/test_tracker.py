@@ -20,9 +20,15 @@ K = TransitionKind
 
 def ev(event_id: str = "C7061BAC", status: str = "Scheduled", **kw: object) -> ScheduledEvent:
     base = ScheduledEvent(
-        event_id=event_id, status=status, event_type="Freeze", resource_type="VirtualMachine",
-        resources=("WestNO_0", "WestNO_1"), not_before=NB, description="Live migration",
-        source="Platform", duration=5,
+        event_id=event_id,
+        status=status,
+        event_type="Freeze",
+        resource_type="VirtualMachine",
+        resources=("WestNO_0", "WestNO_1"),
+        not_before=NB,
+        description="Live migration",
+        source="Platform",
+        duration=5,
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
@@ -32,8 +38,9 @@ def run(docs: list[tuple[float, int, list[ScheduledEvent]]], state: TrackerState
     state = state or TrackerState()
     out = []
     for offset, inc, events in docs:
-        state, transitions = track(state, Document(inc, tuple(events)), T0 + timedelta(seconds=offset),
-                                   gap_threshold=GAP)
+        state, transitions = track(
+            state, Document(inc, tuple(events)), T0 + timedelta(seconds=offset), gap_threshold=GAP
+        )
         out.extend(transitions)
     return state, out
 
@@ -91,8 +98,11 @@ def test_reschedule_is_an_update_with_old_and_new() -> None:
     _, out = run([(0, 1, [ev()]), (1, 2, [ev(not_before=later)])])
     assert kinds(out) == ["scheduled", "updated"]
     (change,) = out[1].changes
-    assert (change.name, change.old, change.new) == ("NotBefore", "2022-04-11T22:26:58Z",
-                                                     "2022-04-11T23:26:58Z")
+    assert (change.name, change.old, change.new) == (
+        "NotBefore",
+        "2022-04-11T22:26:58Z",
+        "2022-04-11T23:26:58Z",
+    )
 
 
 def test_status_going_back_is_an_update_listing_it() -> None:
@@ -167,9 +177,13 @@ def test_unparseable_not_before_counts_as_unknown() -> None:
 ids = st.sampled_from(["A", "B", "C", "D", "E"])
 statuses = st.sampled_from(["Scheduled", "Started", "Weird"])
 events = st.builds(
-    lambda i, s, nb, d: ev(i, status=s, not_before=None if nb is None else T0 + timedelta(seconds=nb),
-                           duration=d),
-    ids, statuses, st.one_of(st.none(), st.integers(-100, 1000)), st.integers(-1, 30),
+    lambda i, s, nb, d: ev(
+        i, status=s, not_before=None if nb is None else T0 + timedelta(seconds=nb), duration=d
+    ),
+    ids,
+    statuses,
+    st.one_of(st.none(), st.integers(-100, 1000)),
+    st.integers(-1, 30),
 )
 documents = st.lists(
     st.tuples(st.integers(-3, 5), st.lists(events, max_size=5, unique_by=lambda e: e.event_id)),
@@ -182,8 +196,9 @@ def _feed(docs):
     for step, (inc_delta, evs) in enumerate(docs):
         offset += 1 + step % 7
         inc = max(0, inc + inc_delta)
-        state, ts = track(state, Document(inc, tuple(evs)), T0 + timedelta(seconds=offset),
-                          gap_threshold=GAP)
+        state, ts = track(
+            state, Document(inc, tuple(evs)), T0 + timedelta(seconds=offset), gap_threshold=GAP
+        )
         out.extend(ts)
     return state, out, offset
 
@@ -191,7 +206,7 @@ def _feed(docs):
 @settings(max_examples=300, deadline=None)
 @given(documents)
 def test_every_event_ends_in_exactly_one_terminal_transition(docs) -> None:
-    state, out, offset = _feed([*docs, (1, [])])
+    state, out, _ = _feed([*docs, (1, [])])
     assert state.events == {}
     # Each appearance is closed by exactly one terminal transition before it may reappear.
     open_ids: set[str] = set()
@@ -220,8 +235,9 @@ def test_transitions_are_a_function_of_the_inputs(docs) -> None:
 @given(st.lists(events, max_size=5, unique_by=lambda e: e.event_id), st.integers(0, 5))
 def test_identical_events_list_emits_nothing(evs, bump) -> None:
     state, _ = track(TrackerState(), Document(3, tuple(evs)), T0, gap_threshold=GAP)
-    _, again = track(state, Document(3 + bump, tuple(evs)), T0 + timedelta(seconds=1),
-                     gap_threshold=GAP)
+    _, again = track(
+        state, Document(3 + bump, tuple(evs)), T0 + timedelta(seconds=1), gap_threshold=GAP
+    )
     assert again == ()
 
 
@@ -232,8 +248,9 @@ def test_at_most_one_transition_per_event_per_document(docs) -> None:
     for inc_delta, evs in docs:
         offset += 1
         inc = max(0, inc + inc_delta)
-        state, ts = track(state, Document(inc, tuple(evs)), T0 + timedelta(seconds=offset),
-                          gap_threshold=GAP)
+        state, ts = track(
+            state, Document(inc, tuple(evs)), T0 + timedelta(seconds=offset), gap_threshold=GAP
+        )
         ids_seen = [t.event.event_id for t in ts if t.event]
         assert len(ids_seen) == len(set(ids_seen))
         assert [t.kind for t in ts].count(K.DOCUMENT_RESET) <= 1

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer
@@ -83,8 +84,12 @@ class StateCommitter:
                 self._store.save(PersistedState(tracker=state, seq=seq, outbox=records))
             except OSError as exc:
                 if not self._failing:
-                    log.error("cannot write the state file %s (%s); a restart would forget "
-                              "what was seen since", self._store.path, exc)
+                    log.error(
+                        "cannot write the state file %s (%s); a restart would forget "
+                        "what was seen since",
+                        self._store.path,
+                        exc,
+                    )
                 self._failing = True
                 self._count_failure("state", "state", 1)
                 return
@@ -126,10 +131,12 @@ class Exporter:
                 sink.submit(persisted.outbox)
             seq = max(seq, sink.status().last_seq)
         if persisted:
-            log.info("state restored: %d known events, incarnation %s, last good document %s",
-                     len(persisted.tracker.events), persisted.tracker.incarnation,
-                     persisted.tracker.last_good.isoformat() if persisted.tracker.last_good
-                     else "never")
+            log.info(
+                "state restored: %d known events, incarnation %s, last good document %s",
+                len(persisted.tracker.events),
+                persisted.tracker.incarnation,
+                persisted.tracker.last_good.isoformat() if persisted.tracker.last_good else "never",
+            )
         self.committer = StateCommitter(self.store, self._count_failure) if self.store else None
         self.poller = Poller(
             config,
@@ -137,7 +144,8 @@ class Exporter:
             [*self.sinks, LoggingSink()],
             self.telemetry,
             instance=instance,
-            state=persisted.tracker if persisted else None,
+            # Whatever happened while we were not running is reported with its gap.
+            state=replace(persisted.tracker, interrupted=True) if persisted else None,
             clock=self.clock,
             seq=seq,
             commit=self.committer,
@@ -148,16 +156,19 @@ class Exporter:
         )
         self.health: HealthServer | None = None
         if config.health_addr is not None:
-            self.health = HealthServer(config.health_addr, HealthInputs(
-                last_tick=lambda: self.poller.last_tick_monotonic,
-                started=time.monotonic(),
-                last_good=lambda: self.poller.last_good_monotonic,
-                last_outcome=lambda: self.poller.last_outcome,
-                sink_status=lambda: [s.status() for s in self.sinks],
-                poll_interval=config.poll_interval,
-                request_timeout=max(config.imds_first_timeout, config.imds_timeout),
-                staleness_limit=config.staleness_limit,
-            ))
+            self.health = HealthServer(
+                config.health_addr,
+                HealthInputs(
+                    last_tick=lambda: self.poller.last_tick_monotonic,
+                    started=time.monotonic(),
+                    last_good=lambda: self.poller.last_good_monotonic,
+                    last_outcome=lambda: self.poller.last_outcome,
+                    sink_status=lambda: [s.status() for s in self.sinks],
+                    poll_interval=config.poll_interval,
+                    request_timeout=max(config.imds_first_timeout, config.imds_timeout),
+                    staleness_limit=config.staleness_limit,
+                ),
+            )
         if not instance.vm_id:
             threading.Thread(
                 target=self._retry_instance, name="instance-metadata", daemon=True

@@ -63,8 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Azure Scheduled Events → OpenTelemetry logs and metrics. Configured by "
         "SEE_* and OTEL_* environment variables (see README).",
     )
-    parser.add_argument("command", nargs="?", default="run",
-                        choices=["run", "check-config", "simulate", "demo", "version"])
+    parser.add_argument(
+        "command",
+        nargs="?",
+        default="run",
+        choices=["run", "check-config", "simulate", "demo", "version"],
+    )
     known, rest = parser.parse_known_args(args[:1])
     rest += args[1:]
     if known.command == "simulate":

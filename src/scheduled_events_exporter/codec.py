@@ -47,7 +47,7 @@ def _req_time(value: object, name: str) -> datetime:
 
 def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     value = data.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise ValueError(f"{where}.{key}: expected {kind}, got {type(value).__name__}")
     return value
 
@@ -55,10 +55,16 @@ def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where
 def encode_event(event: ScheduledEvent) -> Json:
     """A :class:`ScheduledEvent` as a JSON object."""
     return {
-        "id": event.event_id, "status": event.status, "type": event.event_type,
-        "resource_type": event.resource_type, "resources": list(event.resources),
-        "not_before": _time(event.not_before), "not_before_raw": event.not_before_raw,
-        "description": event.description, "source": event.source, "duration": event.duration,
+        "id": event.event_id,
+        "status": event.status,
+        "type": event.event_type,
+        "resource_type": event.resource_type,
+        "resources": list(event.resources),
+        "not_before": _time(event.not_before),
+        "not_before_raw": event.not_before_raw,
+        "description": event.description,
+        "source": event.source,
+        "duration": event.duration,
     }
 
 
@@ -87,8 +93,11 @@ def encode_state(state: TrackerState) -> Json:
         "incarnation": state.incarnation,
         "last_good": _time(state.last_good),
         "events": [
-            {"event": encode_event(k.event), "first_seen": _time(k.first_seen),
-             "status_since": _time(k.status_since)}
+            {
+                "event": encode_event(k.event),
+                "first_seen": _time(k.first_seen),
+                "status_since": _time(k.status_since),
+            }
             for k in state.events.values()
         ],
     }
@@ -97,7 +106,9 @@ def encode_state(state: TrackerState) -> Json:
 def decode_state(data: Mapping[str, Any]) -> TrackerState:
     """Inverse of :func:`encode_state`."""
     incarnation = data.get("incarnation")
-    if incarnation is not None and (not isinstance(incarnation, int) or isinstance(incarnation, bool)):
+    if incarnation is not None and (
+        not isinstance(incarnation, int) or isinstance(incarnation, bool)
+    ):
         raise ValueError("state.incarnation: expected an integer")
     events: dict[str, KnownEvent] = {}
     for item in _get(data, "events", list, "state"):
@@ -109,30 +120,44 @@ def decode_state(data: Mapping[str, Any]) -> TrackerState:
             first_seen=_req_time(item.get("first_seen"), "first_seen"),
             status_since=_req_time(item.get("status_since"), "status_since"),
         )
-    return TrackerState(events=events, incarnation=incarnation,
-                        last_good=_parse_time(data.get("last_good"), "state.last_good"))
+    return TrackerState(
+        events=events,
+        incarnation=incarnation,
+        last_good=_parse_time(data.get("last_good"), "state.last_good"),
+    )
 
 
 def encode_record(record: TransitionRecord) -> Json:
     """A :class:`TransitionRecord` as a JSON object (lossless)."""
     t = record.transition
     return {
-        "kind": t.kind.value, "at": _time(t.at), "incarnation": t.incarnation,
+        "kind": t.kind.value,
+        "at": _time(t.at),
+        "incarnation": t.incarnation,
         "event": encode_event(t.event) if t.event else None,
-        "previous_status": t.previous_status, "notice": t.notice, "unannounced": t.unannounced,
-        "observed_start": t.observed_start, "elapsed": t.elapsed,
+        "previous_status": t.previous_status,
+        "notice": t.notice,
+        "unannounced": t.unannounced,
+        "observed_start": t.observed_start,
+        "elapsed": t.elapsed,
         "changes": [[c.name, c.old, c.new] for c in t.changes],
-        "observation_gap": t.observation_gap, "previous_incarnation": t.previous_incarnation,
-        "approval_status": t.approval_status, "approval_reason": t.approval_reason,
+        "observation_gap": t.observation_gap,
+        "previous_incarnation": t.previous_incarnation,
+        "approval_status": t.approval_status,
+        "approval_reason": t.approval_reason,
         "instance": {
-            "vm_name": record.instance.vm_name, "vm_id": record.instance.vm_id,
+            "vm_name": record.instance.vm_name,
+            "vm_id": record.instance.vm_id,
             "resource_id": record.instance.resource_id,
             "subscription_id": record.instance.subscription_id,
-            "resource_group": record.instance.resource_group, "region": record.instance.region,
-            "zone": record.instance.zone, "scale_set_name": record.instance.scale_set_name,
+            "resource_group": record.instance.resource_group,
+            "region": record.instance.region,
+            "zone": record.instance.zone,
+            "scale_set_name": record.instance.scale_set_name,
             "vm_size": record.instance.vm_size,
         },
-        "record_id": record.record_id, "affects_self": record.affects_self,
+        "record_id": record.record_id,
+        "affects_self": record.affects_self,
         "exporter_version": record.exporter_version,
         "seq": record.seq,
     }
@@ -161,8 +186,9 @@ def decode_record(data: Mapping[str, Any]) -> TransitionRecord:
     )
     return TransitionRecord(
         transition=transition,
-        instance=InstanceInfo(**{k: str(v) for k, v in instance.items()
-                                 if k in InstanceInfo.__dataclass_fields__}),
+        instance=InstanceInfo(
+            **{k: str(v) for k, v in instance.items() if k in InstanceInfo.__dataclass_fields__}
+        ),
         record_id=_get(data, "record_id", str, "record"),
         affects_self=bool(data.get("affects_self")),
         exporter_version=str(data.get("exporter_version", "")),

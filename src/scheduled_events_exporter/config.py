@@ -31,8 +31,13 @@ SECRET_VARIABLES = frozenset(
         "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
     }
 )
-_OTEL_SHOWN_PREFIXES = ("OTEL_EXPORTER_OTLP_", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
-                        "OTEL_METRIC_EXPORT_", "OTEL_BLRP_")
+_OTEL_SHOWN_PREFIXES = (
+    "OTEL_EXPORTER_OTLP_",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_METRIC_EXPORT_",
+    "OTEL_BLRP_",
+)
 _MAX_VALUE = 4096
 
 T = TypeVar("T")
@@ -135,51 +140,86 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
 
         return parse
 
-    endpoint = get("SEE_IMDS_ENDPOINT", _parse_endpoint, "http://169.254.169.254",
-                   "an http:// URL with host and optional port, no path (e.g. http://169.254.169.254)")
-    interval = get("SEE_POLL_INTERVAL", seconds(0.2, 3600.0), 1.0,
-                   "seconds between polls, a number from 0.2 to 3600 (IMDS allows 5 requests/s)")
-    first_timeout = get("SEE_IMDS_FIRST_TIMEOUT", seconds(1.0, 600.0), 130.0,
-                        "seconds, a number from 1 to 600")
+    endpoint = get(
+        "SEE_IMDS_ENDPOINT",
+        _parse_endpoint,
+        "http://169.254.169.254",
+        "an http:// URL with host and optional port, no path (e.g. http://169.254.169.254)",
+    )
+    interval = get(
+        "SEE_POLL_INTERVAL",
+        seconds(0.2, 3600.0),
+        1.0,
+        "seconds between polls, a number from 0.2 to 3600 (IMDS allows 5 requests/s)",
+    )
+    first_timeout = get(
+        "SEE_IMDS_FIRST_TIMEOUT", seconds(1.0, 600.0), 130.0, "seconds, a number from 1 to 600"
+    )
     timeout = get("SEE_IMDS_TIMEOUT", seconds(0.1, 60.0), 5.0, "seconds, a number from 0.1 to 60")
-    staleness = get("SEE_STALENESS_LIMIT", seconds(1.0, 86400.0), 30.0,
-                    "seconds, a number from 1 to 86400")
-    shutdown = get("SEE_SHUTDOWN_TIMEOUT", seconds(0.0, 600.0), 10.0,
-                   "seconds, a number from 0 to 600")
-    spool_max = get("SEE_SPOOL_MAX_RECORDS", _bounded_int(1, 10_000_000), 10_000,
-                    "an integer from 1 to 10000000")
-    health: tuple[str, int] | None = get("SEE_HEALTH_ADDR", _parse_addr, ("0.0.0.0", 8080),
-                 "HOST:PORT with a port from 0 to 65535, or empty to disable")
+    staleness = get(
+        "SEE_STALENESS_LIMIT", seconds(1.0, 86400.0), 30.0, "seconds, a number from 1 to 86400"
+    )
+    shutdown = get(
+        "SEE_SHUTDOWN_TIMEOUT", seconds(0.0, 600.0), 10.0, "seconds, a number from 0 to 600"
+    )
+    spool_max = get(
+        "SEE_SPOOL_MAX_RECORDS",
+        _bounded_int(1, 10_000_000),
+        10_000,
+        "an integer from 1 to 10000000",
+    )
+    health: tuple[str, int] | None = get(
+        "SEE_HEALTH_ADDR",
+        _parse_addr,
+        ("0.0.0.0", 8080),
+        "HOST:PORT with a port from 0 to 65535, or empty to disable",
+    )
     if "SEE_HEALTH_ADDR" in env and env["SEE_HEALTH_ADDR"].strip() == "":
         health = None
-    log_level = get("SEE_LOG_LEVEL", _parse_level, "INFO",
-                    "one of debug, info, warning, error")
+    log_level = get("SEE_LOG_LEVEL", _parse_level, "INFO", "one of debug, info, warning, error")
 
     connection_string = env.get("SEE_EVENTHUB_CONNECTION_STRING", "").strip()
     namespace = env.get("SEE_EVENTHUB_NAMESPACE", "").strip()
     hub = env.get("SEE_EVENTHUB_NAME", "").strip()
-    sinks = get("SEE_SINKS", _parse_sinks, _implicit_sinks(env, connection_string, namespace),
-                "a comma-separated list of otlp, eventhubs, console without repeats")
+    sinks = get(
+        "SEE_SINKS",
+        _parse_sinks,
+        _implicit_sinks(env, connection_string, namespace),
+        "a comma-separated list of otlp, eventhubs, console without repeats",
+    )
     if "eventhubs" in sinks:
         problems.extend(_check_eventhubs(connection_string, namespace, hub))
 
     protocol = "http/protobuf"
-    for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
-                 "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    ):
         value = env.get(name, "").strip()
         if value and value not in OTLP_PROTOCOLS:
             problems.append(f"{name}={_show(value)}: expected one of {', '.join(OTLP_PROTOCOLS)}")
         elif value and name == "OTEL_EXPORTER_OTLP_PROTOCOL":
             protocol = value
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    ):
         get(name, _parse_url, "", "an http:// or https:// URL")
-    for name in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
-                 "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+    ):
         # The Python SDK reads these as seconds (the OTel spec says milliseconds).
         get(name, seconds(0.001, 600.0), 0.0, "a timeout in seconds (the Python SDK's unit)")
-    metric_interval_ms = get("OTEL_METRIC_EXPORT_INTERVAL", _bounded_int(1000, 86_400_000), 10_000,
-                             "milliseconds, an integer from 1000 to 86400000")
+    metric_interval_ms = get(
+        "OTEL_METRIC_EXPORT_INTERVAL",
+        _bounded_int(1000, 86_400_000),
+        10_000,
+        "milliseconds, an integer from 1000 to 86400000",
+    )
 
     state_dir: Path | None = None
     raw_state = env.get("SEE_STATE_DIR")
@@ -270,11 +310,15 @@ def _parse_sinks(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _implicit_sinks(env: Mapping[str, str], connection_string: str, namespace: str) -> tuple[str, ...]:
+def _implicit_sinks(
+    env: Mapping[str, str], connection_string: str, namespace: str
+) -> tuple[str, ...]:
     """SPEC §8: console unless something else is configured."""
     sinks: list[str] = []
-    if any(env.get(k, "").strip() for k in ("OTEL_EXPORTER_OTLP_ENDPOINT",
-                                           "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")):
+    if any(
+        env.get(k, "").strip()
+        for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
+    ):
         sinks.append("otlp")
     if connection_string or namespace:
         sinks.append("eventhubs")
@@ -283,21 +327,24 @@ def _implicit_sinks(env: Mapping[str, str], connection_string: str, namespace: s
 
 def _check_eventhubs(connection_string: str, namespace: str, hub: str) -> list[str]:
     if connection_string:
-        fields = dict(
-            part.split("=", 1) for part in connection_string.split(";") if "=" in part
-        )
+        fields = dict(part.split("=", 1) for part in connection_string.split(";") if "=" in part)
         if not fields.get("Endpoint", "").startswith("sb://"):
-            return [f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}: expected "
-                    "'Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...;EntityPath=...'"]
+            return [
+                f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}: expected "
+                "'Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...;EntityPath=...'"
+            ]
         if not (fields.get("EntityPath") or hub):
-            return ["SEE_EVENTHUB_NAME: expected the hub name (the connection string has no "
-                    "EntityPath)"]
+            return [
+                "SEE_EVENTHUB_NAME: expected the hub name (the connection string has no EntityPath)"
+            ]
         return []
     problems = []
     if not namespace or "." not in namespace or "/" in namespace:
-        problems.append(f"SEE_EVENTHUB_NAMESPACE={_show(namespace)}: expected the fully "
-                        "qualified namespace, e.g. mynamespace.servicebus.windows.net "
-                        "(or set SEE_EVENTHUB_CONNECTION_STRING)")
+        problems.append(
+            f"SEE_EVENTHUB_NAMESPACE={_show(namespace)}: expected the fully "
+            "qualified namespace, e.g. mynamespace.servicebus.windows.net "
+            "(or set SEE_EVENTHUB_CONNECTION_STRING)"
+        )
     if not hub:
         problems.append("SEE_EVENTHUB_NAME='': expected the event hub name")
     return problems

@@ -23,10 +23,17 @@ from scheduled_events_exporter.simulator import Simulator
 def main(argv: Sequence[str]) -> int:
     """Run the demo; exit 0 when the scenario has played and every record was printed."""
     parser = argparse.ArgumentParser(prog="scheduled-events-exporter demo")
-    parser.add_argument("--scenario", default="demo",
-                        help=f"scenario name or file (bundled: {', '.join(list_scenarios())})")
-    parser.add_argument("--speed", type=float, default=None,
-                        help="virtual seconds per real second (default: the scenario's own)")
+    parser.add_argument(
+        "--scenario",
+        default="demo",
+        help=f"scenario name or file (bundled: {', '.join(list_scenarios())})",
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="virtual seconds per real second (default: the scenario's own)",
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="poll interval in seconds")
     args = parser.parse_args(list(argv))
     try:
@@ -37,8 +44,13 @@ def main(argv: Sequence[str]) -> int:
     simulator = Simulator.for_scenario(scenario)
     simulator.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SEE_", "OTEL_EXPORTER"))}
-    env.update(SEE_IMDS_ENDPOINT=simulator.url, SEE_SINKS="console", SEE_STATE_DIR="",
-               SEE_HEALTH_ADDR="", SEE_POLL_INTERVAL=str(args.interval))
+    env.update(
+        SEE_IMDS_ENDPOINT=simulator.url,
+        SEE_SINKS="console",
+        SEE_STATE_DIR="",
+        SEE_HEALTH_ADDR="",
+        SEE_POLL_INTERVAL=str(args.interval),
+    )
     try:
         config = load_config(env)
     except ConfigError as exc:
@@ -50,9 +62,11 @@ def main(argv: Sequence[str]) -> int:
     stop = threading.Event()
     install_signal_handlers(stop)
     speed = args.speed or scenario.speed
-    print(f"demo: playing scenario {scenario.name!r} ({scenario.real_duration(speed):.0f} s) "
-          f"against a simulated IMDS at {simulator.url}: {scenario.description}",
-          file=sys.stderr)
+    print(
+        f"demo: playing scenario {scenario.name!r} ({scenario.real_duration(speed):.0f} s) "
+        f"against a simulated IMDS at {simulator.url}: {scenario.description}",
+        file=sys.stderr,
+    )
     exporter = Exporter(config)
     exporter.start()
     done = simulator.play(scenario, speed=speed)
@@ -62,6 +76,9 @@ def main(argv: Sequence[str]) -> int:
     stop.wait(3 * config.poll_interval)
     exporter.stop()
     simulator.stop()
-    print("demo: done. Next: point it at a real collector with SEE_SINKS=otlp and "
-          "OTEL_EXPORTER_OTLP_ENDPOINT (see README).", file=sys.stderr)
+    print(
+        "demo: done. Next: point it at a real collector with SEE_SINKS=otlp and "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (see README).",
+        file=sys.stderr,
+    )
     return 0

@@ -46,8 +46,11 @@ def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     since = now - (tick if tick is not None else inputs.started)
     allowed = inputs.request_timeout + MAX_RETRY_DELAY + 2 * inputs.poll_interval + 5.0
     ok = since <= allowed
-    return ok, {"status": "ok" if ok else "stalled", "seconds_since_last_poll": round(since, 3),
-                "allowed_seconds": allowed}
+    return ok, {
+        "status": "ok" if ok else "stalled",
+        "seconds_since_last_poll": round(since, 3),
+        "allowed_seconds": allowed,
+    }
 
 
 def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
@@ -73,8 +76,11 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     ok = fresh and not failing
     reasons = []
     if not fresh:
-        reasons.append("no good IMDS document yet" if age is None else
-                       f"last good IMDS document {age:.1f} s ago")
+        reasons.append(
+            "no good IMDS document yet"
+            if age is None
+            else f"last good IMDS document {age:.1f} s ago"
+        )
     reasons.extend(f"sink {name} failing" for name in failing)
     body: dict[str, object] = {
         "status": "ready" if ok else "not ready",
@@ -97,11 +103,16 @@ class HealthServer:
         class Handler(BaseHTTPRequestHandler):
             server_version = "scheduled-events-exporter"
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:
                 probe = probes.get(self.path.split("?", 1)[0])
                 if probe is None:
-                    self._send(404, {"error": f"unknown path {self.path[:100]!r}; "
-                                              "expected /healthz or /readyz"})
+                    self._send(
+                        404,
+                        {
+                            "error": f"unknown path {self.path[:100]!r}; "
+                            "expected /healthz or /readyz"
+                        },
+                    )
                     return
                 ok, body = probe(inputs)
                 self._send(200 if ok else 503, body)
@@ -120,8 +131,9 @@ class HealthServer:
         self._server = ThreadingHTTPServer(addr, Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="health", daemon=True
+        )
 
     def start(self) -> None:
         """Serve in the background."""

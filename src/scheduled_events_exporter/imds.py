@@ -15,10 +15,16 @@ from dataclasses import dataclass
 from typing import Final
 
 import urllib3
-from urllib3.exceptions import HTTPError, TimeoutError as Urllib3Timeout
+from urllib3.exceptions import HTTPError
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from scheduled_events_exporter.model import Document, InstanceInfo
-from scheduled_events_exporter.parser import MAX_DOCUMENT_BYTES, DocumentError, excerpt, parse_document
+from scheduled_events_exporter.parser import (
+    MAX_DOCUMENT_BYTES,
+    DocumentError,
+    excerpt,
+    parse_document,
+)
 
 EVENTS_PATH: Final = "/metadata/scheduledevents?api-version=2020-07-01"
 INSTANCE_PATH: Final = "/metadata/instance?api-version=2021-02-01"
@@ -96,7 +102,9 @@ class ImdsClient:
         try:
             status, body, response_headers = self._request("GET", EVENTS_PATH, headers, timeout)
         except Urllib3Timeout:
-            return PollResult(Outcome.TIMEOUT, self._clock() - started, error=f"no answer in {timeout:g} s")
+            return PollResult(
+                Outcome.TIMEOUT, self._clock() - started, error=f"no answer in {timeout:g} s"
+            )
         except (HTTPError, OSError) as exc:
             return PollResult(Outcome.CONNECTION_ERROR, self._clock() - started, error=_short(exc))
         self._answered = True
@@ -115,8 +123,13 @@ class ImdsClient:
         if status == 410:
             return PollResult(Outcome.GONE, duration, status, error=error)
         if status == 429:
-            return PollResult(Outcome.THROTTLED, duration, status, error=error,
-                              retry_after=_retry_after(response_headers.get("Retry-After")))
+            return PollResult(
+                Outcome.THROTTLED,
+                duration,
+                status,
+                error=error,
+                retry_after=_retry_after(response_headers.get("Retry-After")),
+            )
         if status >= 500:
             return PollResult(Outcome.SERVER_ERROR, duration, status, error=error)
         # 304 without our ETag, redirects (never followed) and other 4xx.

@@ -66,8 +66,11 @@ class Spool:
             except FileNotFoundError:
                 pass
             if skipped:
-                log.warning("spool %s: skipped %d unreadable lines (a torn write after a crash)",
-                            self.sink, skipped)
+                log.warning(
+                    "spool %s: skipped %d unreadable lines (a torn write after a crash)",
+                    self.sink,
+                    skipped,
+                )
             self._pending = [replace_seq(r, s) for s, r in sorted(pending.items())]
             return list(self._pending)
 
@@ -78,8 +81,10 @@ class Spool:
             if not fresh:
                 return []
             data = b"".join(
-                json.dumps({"seq": r.seq, "record": encode_record(r)},
-                           separators=(",", ":")).encode() + b"\n"
+                json.dumps(
+                    {"seq": r.seq, "record": encode_record(r)}, separators=(",", ":")
+                ).encode()
+                + b"\n"
                 for r in fresh
             )
             fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -119,8 +124,9 @@ class Spool:
             return 0
         except (OSError, ValueError) as exc:
             # Delivering again is better than losing: restart from the beginning of the log.
-            log.warning("spool %s: ack cursor unreadable (%s); redelivering from the start",
-                        self.sink, exc)
+            log.warning(
+                "spool %s: ack cursor unreadable (%s); redelivering from the start", self.sink, exc
+            )
             return 0
 
 

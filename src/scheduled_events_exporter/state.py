@@ -98,8 +98,12 @@ class StateStore:
                 os.replace(self.path, aside)
             except OSError:
                 aside = self.path
-            log.warning("state file %s is unusable (%s); moved to %s, starting fresh",
-                        self.path, str(exc)[:200], aside.name)
+            log.warning(
+                "state file %s is unusable (%s); moved to %s, starting fresh",
+                self.path,
+                str(exc)[:200],
+                aside.name,
+            )
             return None
 
     def save(self, state: PersistedState) -> None:

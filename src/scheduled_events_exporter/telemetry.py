@@ -18,7 +18,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from scheduled_events_exporter import __version__
@@ -45,7 +45,22 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 
 #: Notice histogram buckets (s): 30 s preempt … 15 min … days of degraded-hardware notice.
 NOTICE_BUCKETS = (0, 30, 60, 120, 300, 600, 900, 1800, 3600, 21600, 86400, 604800)
-IMDS_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 130)
+IMDS_DURATION_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    130,
+)
 
 
 def severity(record: TransitionRecord) -> tuple[SeverityNumber, str]:
@@ -53,15 +68,23 @@ def severity(record: TransitionRecord) -> tuple[SeverityNumber, str]:
     kind = record.transition.kind
     if kind is TransitionKind.STARTED and record.transition.unannounced:
         return SeverityNumber.ERROR, "ERROR"
-    if kind in (TransitionKind.SCHEDULED, TransitionKind.STARTED, TransitionKind.UPDATED,
-                TransitionKind.DOCUMENT_RESET):
+    if kind in (
+        TransitionKind.SCHEDULED,
+        TransitionKind.STARTED,
+        TransitionKind.UPDATED,
+        TransitionKind.DOCUMENT_RESET,
+    ):
         return SeverityNumber.WARN, "WARN"
     return SeverityNumber.INFO, "INFO"
 
 
 def build_resource(instance: InstanceInfo) -> Resource:
-    """OTel resource per semantic conventions; ``OTEL_RESOURCE_ATTRIBUTES`` and
-    ``OTEL_SERVICE_NAME`` (read by ``Resource.create``) add to or override these."""
+    """OTel resource per semantic conventions.
+
+    ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` add to *and override* these (the
+    SDK's ``Resource.create`` alone would let ours win). ``service.instance.id`` defaults to the
+    vmId, so a restart is the same instance to "exporter went silent" alerts.
+    """
     attrs: dict[str, str] = {
         "service.name": "azure-scheduled-events-exporter",
         "service.version": __version__,
@@ -74,13 +97,14 @@ def build_resource(instance: InstanceInfo) -> Resource:
         "cloud.resource_id": instance.resource_id,
         "cloud.availability_zone": instance.zone,
         "host.id": instance.vm_id,
+        "service.instance.id": instance.vm_id,
         "host.name": instance.vm_name,
         "host.type": instance.vm_size,
         "azure.vm.scaleset.name": instance.scale_set_name,
         "azure.vm.sku": instance.vm_size,
     }
     attrs.update({k: v for k, v in optional.items() if v})
-    return Resource.create(attrs)
+    return Resource.create(attrs).merge(OTELResourceDetector().detect())
 
 
 def to_log_record(
@@ -126,28 +150,57 @@ class Telemetry:
         self.provider = MeterProvider(metric_readers=list(self.readers), resource=self.resource)
         meter = self.provider.get_meter(SCOPE_NAME, __version__)
         m = "azure.scheduled_events."
-        meter.create_observable_gauge(m + "pending", [self._pending], unit="{event}",
-                                      description="Events currently in the document")
-        meter.create_observable_gauge(m + "time_to_not_before", [self._time_to_not_before],
-                                      unit="s", description="Seconds until NotBefore")
-        meter.create_observable_gauge(m + "impact_duration", [self._impact], unit="s",
-                                      description="DurationInSeconds of pending events")
-        meter.create_observable_gauge(m + "document_incarnation", [self._incarnation], unit="1",
-                                      description="Last DocumentIncarnation")
-        meter.create_observable_gauge(m + "imds.staleness", [self._staleness], unit="s",
-                                      description="Seconds since the last good document")
-        self._transitions = meter.create_counter(m + "transitions", unit="{transition}",
-                                                 description="Lifecycle transitions")
+        meter.create_observable_gauge(
+            m + "pending",
+            [self._pending],
+            unit="{event}",
+            description="Events currently in the document",
+        )
+        meter.create_observable_gauge(
+            m + "time_to_not_before",
+            [self._time_to_not_before],
+            unit="s",
+            description="Seconds until NotBefore",
+        )
+        meter.create_observable_gauge(
+            m + "impact_duration",
+            [self._impact],
+            unit="s",
+            description="DurationInSeconds of pending events",
+        )
+        meter.create_observable_gauge(
+            m + "document_incarnation",
+            [self._incarnation],
+            unit="1",
+            description="Last DocumentIncarnation",
+        )
+        meter.create_observable_gauge(
+            m + "imds.staleness",
+            [self._staleness],
+            unit="s",
+            description="Seconds since the last good document",
+        )
+        self._transitions = meter.create_counter(
+            m + "transitions", unit="{transition}", description="Lifecycle transitions"
+        )
         self._notice = meter.create_histogram(
-            m + "notice", unit="s", description="Notice: NotBefore minus first seen",
-            explicit_bucket_boundaries_advisory=NOTICE_BUCKETS)
-        self._requests = meter.create_counter(m + "imds.requests", unit="{request}",
-                                              description="IMDS requests by outcome")
+            m + "notice",
+            unit="s",
+            description="Notice: NotBefore minus first seen",
+            explicit_bucket_boundaries_advisory=NOTICE_BUCKETS,
+        )
+        self._requests = meter.create_counter(
+            m + "imds.requests", unit="{request}", description="IMDS requests by outcome"
+        )
         self._duration = meter.create_histogram(
-            m + "imds.duration", unit="s", description="IMDS request duration",
-            explicit_bucket_boundaries_advisory=IMDS_DURATION_BUCKETS)
-        self._failures = meter.create_counter(m + "export.failures", unit="{failure}",
-                                              description="Failed or dropped exports")
+            m + "imds.duration",
+            unit="s",
+            description="IMDS request duration",
+            explicit_bucket_boundaries_advisory=IMDS_DURATION_BUCKETS,
+        )
+        self._failures = meter.create_counter(
+            m + "export.failures", unit="{failure}", description="Failed or dropped exports"
+        )
 
     # --- recording, called by the poll loop and the sinks (cheap, non-blocking) ---
 
@@ -163,13 +216,17 @@ class Telemetry:
         """Count a transition; a ``scheduled`` with a NotBefore also feeds the notice histogram."""
         t = record.transition
         event = t.event
-        attrs = {"transition": t.kind.value, "type": event.event_type if event else "",
-                 "source": event.source if event else ""}
+        attrs = {
+            "transition": t.kind.value,
+            "type": event.event_type if event else "",
+            "source": event.source if event else "",
+        }
         self._transitions.add(1, attrs)
         if t.kind is TransitionKind.SCHEDULED and t.notice is not None and event is not None:
             # Histograms take non-negative values; a late sighting counts as zero notice.
-            self._notice.record(max(t.notice, 0.0), {"type": event.event_type,
-                                                      "source": event.source})
+            self._notice.record(
+                max(t.notice, 0.0), {"type": event.event_type, "source": event.source}
+            )
 
     def record_export_failure(self, sink: str, signal: str, count: int = 1) -> None:
         """Count failed or dropped exports by sink and signal."""
@@ -208,8 +265,11 @@ class Telemetry:
 
     def _impact(self, _: CallbackOptions) -> Iterable[Observation]:
         snap = self.snapshot
-        return [Observation(e.duration, self._event_attrs(e, snap))
-                for e in snap.events if e.duration >= 0]
+        return [
+            Observation(e.duration, self._event_attrs(e, snap))
+            for e in snap.events
+            if e.duration >= 0
+        ]
 
     def _incarnation(self, _: CallbackOptions) -> Iterable[Observation]:
         inc = self.snapshot.incarnation
@@ -221,5 +281,8 @@ class Telemetry:
 
     @staticmethod
     def _event_attrs(event: ScheduledEvent, snap: GaugeSnapshot) -> dict[str, str | bool]:
-        return {P + "id": event.event_id, "type": event.event_type,
-                "affects_self": event.affects(snap.vm_name)}
+        return {
+            P + "id": event.event_id,
+            "type": event.event_type,
+            "affects_self": event.affects(snap.vm_name),
+        }

@@ -57,6 +57,8 @@ class TrackerState:
     incarnation: int | None = None
     #: When the last good document (200 or 304) was seen; ``None`` before the first one.
     last_good: datetime | None = None
+    #: The watch was interrupted (the exporter restarted) since ``last_good``, however briefly.
+    interrupted: bool = False
 
 
 def field_value(event: ScheduledEvent, name: str) -> FieldValue:
@@ -80,16 +82,16 @@ def field_value(event: ScheduledEvent, name: str) -> FieldValue:
 
 
 def observation_gap(state: TrackerState, now: datetime, gap_threshold: float) -> float | None:
-    """Seconds without a good document, when longer than ``gap_threshold``; else ``None``."""
+    """Seconds without a good document, when longer than ``gap_threshold`` or interrupted."""
     if state.last_good is None:
         return None
     gap = (now - state.last_good).total_seconds()
-    return gap if gap > gap_threshold else None
+    return gap if state.interrupted or gap > gap_threshold else None
 
 
 def note_unchanged(state: TrackerState, now: datetime) -> TrackerState:
     """Record a good but unchanged document (HTTP 304): only the freshness moves."""
-    return replace(state, last_good=now)
+    return replace(state, last_good=now, interrupted=False)
 
 
 def track(

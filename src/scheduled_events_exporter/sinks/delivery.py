@@ -71,8 +71,11 @@ class DeliveryWorker:
         if self._spool is not None:
             waiting = self._spool.load()
             if waiting:
-                log.info("sink %s: %d undelivered records from before the restart",
-                         self.name, len(waiting))
+                log.info(
+                    "sink %s: %d undelivered records from before the restart",
+                    self.name,
+                    len(waiting),
+                )
             self._enqueue(waiting, durable=False)
             # Records up to here were delivered before the restart: never queue them again.
             self._seq = max(self._seq, self._spool.last_seq)
@@ -92,8 +95,11 @@ class DeliveryWorker:
                 self._spool.append(records)
             except OSError as exc:
                 # Still delivered from memory; only a crash before delivery could lose them.
-                log.error("sink %s: cannot write the spool (%s); holding records in memory",
-                          self.name, exc)
+                log.error(
+                    "sink %s: cannot write the spool (%s); holding records in memory",
+                    self.name,
+                    exc,
+                )
                 self._count_failure(self.name, "spool", 1)
         now = self._clock()
         dropped: list[_Queued] = []
@@ -107,8 +113,12 @@ class DeliveryWorker:
             self._cond.notify_all()
         if dropped:
             self._ack(dropped[-1].seq)
-            log.error("sink %s: spool full (%d records), dropped the %d oldest",
-                      self.name, self._max, len(dropped))
+            log.error(
+                "sink %s: spool full (%d records), dropped the %d oldest",
+                self.name,
+                self._max,
+                len(dropped),
+            )
             self._count_failure(self.name, "logs", len(dropped))
 
     def _ack(self, seq: int) -> None:
@@ -145,8 +155,15 @@ class DeliveryWorker:
         """Pending count, oldest wait and failure streak."""
         with self._cond:
             oldest = self._clock() - self._queue[0].enqueued if self._queue else 0.0
-            return SinkStatus(self.name, len(self._queue), oldest, self._failures,
-                              self._last_error, self._dropped, self._seq)
+            return SinkStatus(
+                self.name,
+                len(self._queue),
+                oldest,
+                self._failures,
+                self._last_error,
+                self._dropped,
+                self._seq,
+            )
 
     def _run(self) -> None:
         backoff = BACKOFF_START

@@ -1,27 +1,22 @@
-"""OTel ``MetricsData`` → plain JSON-ready lists, for snapshot messages."""
+"""OTel ``MetricsData`` → a JSON-ready snapshot, for Event Hubs metrics messages.
+
+The shape is ``{instrument name: [point, ...]}`` where a point is ``{"attributes", "value"}``
+(gauges, counters; cumulative) or ``{"attributes", "count", "sum", "min", "max", "bounds",
+"counts"}`` (histograms). The Log Analytics queries and dashboards read exactly this.
+"""
 
 from __future__ import annotations
 
-from opentelemetry.sdk.metrics.export import (
-    Gauge,
-    Histogram,
-    HistogramDataPoint,
-    MetricsData,
-    NumberDataPoint,
-    Sum,
-)
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, MetricsData, NumberDataPoint
 
 
-def snapshot_metrics(data: MetricsData) -> list[dict[str, object]]:
-    """One entry per metric: name, unit, kind and points with their attributes."""
-    out: list[dict[str, object]] = []
+def snapshot_metrics(data: MetricsData) -> dict[str, list[dict[str, object]]]:
+    """One entry per instrument with all its points and their attributes."""
+    out: dict[str, list[dict[str, object]]] = {}
     for resource_metrics in data.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
-                kind = {Gauge: "gauge", Sum: "sum", Histogram: "histogram"}.get(
-                    type(metric.data), type(metric.data).__name__.lower()
-                )
-                points: list[dict[str, object]] = []
+                points = out.setdefault(metric.name, [])
                 for point in metric.data.data_points:
                     entry: dict[str, object] = {"attributes": dict(point.attributes or {})}
                     if isinstance(point, NumberDataPoint):
@@ -36,7 +31,4 @@ def snapshot_metrics(data: MetricsData) -> list[dict[str, object]]:
                             counts=list(point.bucket_counts),
                         )
                     points.append(entry)
-                out.append(
-                    {"name": metric.name, "unit": metric.unit, "kind": kind, "points": points}
-                )
     return out

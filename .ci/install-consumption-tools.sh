@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs the pinned tools the consumption tests (tests/consumption/) need:
+#   - npm packages into .ci/node/ (git-ignored): the Kusto language service (KQL analysis),
+#     @grafana/schema + typescript (dashboard type checks), kubernetes-types (manifest type checks);
+#   - promtool (Debian package `prometheus`) when it is not on PATH.
+# Idempotent: a second run with everything in place does no network work and takes well under 1 s.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+node_dir="$here/node"
+
+# Exact pins; bump them here (and nowhere else) on purpose.
+npm_pins=(
+  "@kusto/language-service-next@12.4.1"
+  "@grafana/schema@13.2.3"
+  "typescript@5.9.3"
+  "kubernetes-types@1.30.0"
+)
+
+have_pins() {
+  # True when every pinned package is installed at its pinned version.
+  local spec name version pkg
+  for spec in "${npm_pins[@]}"; do
+    name="${spec%@*}"
+    version="${spec##*@}"
+    pkg="$node_dir/node_modules/$name/package.json"
+    [[ -f "$pkg" ]] || return 1
+    grep -q "\"version\": *\"$version\"" "$pkg" || return 1
+  done
+}
+
+if have_pins; then
+  echo "consumption tools: npm packages already installed in $node_dir"
+else
+  command -v npm >/dev/null || { echo "npm not found on PATH (node 20 is required)" >&2; exit 1; }
+  mkdir -p "$node_dir"
+  npm install --prefix "$node_dir" --no-audit --no-fund --no-save --loglevel=error \
+    "${npm_pins[@]}"
+  have_pins || { echo "npm install did not produce the pinned versions" >&2; exit 1; }
+fi
+
+if command -v promtool >/dev/null; then
+  echo "consumption tools: promtool present ($(command -v promtool))"
+else
+  if [[ "$(id -u)" != "0" ]]; then
+    echo "promtool missing and not root: install the Debian package 'prometheus'" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  command -v promtool >/dev/null || { echo "promtool still missing after apt-get" >&2; exit 1; }
+fi

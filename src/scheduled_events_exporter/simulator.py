@@ -1,0 +1,399 @@
+"""A faithful IMDS Scheduled Events service on loopback, for tests and demos (SPEC §9).
+
+Standard library only, so it runs wherever the exporter does. Tests drive :class:`Simulator` in
+process; ``scheduled-events-exporter simulate`` (:func:`main`) serves it from the command line.
+The wire rules live in :mod:`scheduled_events_exporter.simulator_http`, the scenario files in
+:mod:`scheduled_events_exporter.scenarios`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+from types import FrameType, TracebackType
+
+from scheduled_events_exporter.scenarios import (
+    DEFAULT_VM_NAME,
+    Fault,
+    Scenario,
+    ScenarioError,
+    Step,
+    list_scenarios,
+    load_scenario,
+)
+from scheduled_events_exporter.simulator_http import (
+    SCHEDULED_EVENTS_PATH,
+    FaultQueue,
+    RequestLogEntry,
+    Response,
+    Route,
+    Server,
+    check_request,
+    document_response,
+    error,
+    fault_response,
+    instance_document,
+    is_loopback,
+    parse_start_requests,
+    start_events,
+)
+
+__all__ = ["Fault", "PlayedStep", "RequestLogEntry", "Simulator", "main"]
+
+
+@dataclass(frozen=True)
+class PlayedStep:
+    """What :meth:`Simulator.play` just applied, for progress reporting."""
+
+    scenario: str
+    index: int  # 0-based
+    total: int
+    step: Step
+    incarnation: int
+    events: tuple[Mapping[str, object], ...]
+    elapsed: float  # real seconds since the playback started
+
+
+class Simulator:
+    """IMDS on loopback: scheduled events (GET/POST), instance metadata, faults, scenarios.
+
+    Thread-safe; every public method may be called from any thread while the server runs.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, vm_name: str = DEFAULT_VM_NAME,
+                 instance: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        if not is_loopback(host):
+            raise ValueError(f"simulator host: expected a loopback address, got {host!r}")
+        self._host, self._port, self.vm_name = host, port, vm_name
+        self._instance = dict(instance or {})
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._events: list[dict[str, object]] = []
+        self._incarnation = 1
+        self._faults = FaultQueue()
+        self._log_entries: list[RequestLogEntry] = []
+        self._approved: set[str] = set()
+        self._conns: set[socket.socket] = set()
+        self._playbacks: list[threading.Event] = []
+        self._stopping = threading.Event()
+        self._server: Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_scenario(cls, scenario: Scenario, *, host: str = "127.0.0.1", port: int = 0,
+                     clock: Callable[[], float] = time.time) -> Simulator:
+        """A simulator named and described like the VM ``scenario`` is written for."""
+        return cls(host=host, port=port, vm_name=scenario.vm_name, instance=scenario.instance,
+                   clock=clock)
+
+    def start(self) -> None:
+        """Bind and serve in a daemon thread; after :meth:`stop` it rebinds the same port."""
+        if self._server is not None:
+            raise RuntimeError(f"simulator already serving at {self.url}")
+        self._stopping.clear()
+        server = Server((self._host, self._port), self)
+        self._port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="imds-simulator", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop playback and serving, drop open connections; safe to call repeatedly."""
+        self.stop_playing()
+        with self._lock:
+            server, thread, self._server, self._thread = self._server, self._thread, None, None
+        if server is None or thread is None:
+            return
+        self._stopping.set()  # wakes requests sleeping in a delay fault
+        server.shutdown()
+        thread.join()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:  # idle keep-alive clients must see the server go, not hang
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        server.server_close()
+
+    def __enter__(self) -> Simulator:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8099`` (known once started)."""
+        if not self._port:
+            raise RuntimeError("simulator URL is known only after start()")
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._port}"
+
+    @property
+    def incarnation(self) -> int:
+        """Current DocumentIncarnation."""
+        with self._lock:
+            return self._incarnation
+
+    @property
+    def events(self) -> list[dict[str, object]]:
+        """A copy of the current Events list."""
+        with self._lock:
+            return json.loads(json.dumps(self._events))  # type: ignore[no-any-return]
+
+    def set_events(self, events: Sequence[Mapping[str, object]], *,
+                   incarnation: int | None = None) -> int:
+        """Replace the Events list; the incarnation goes up by one only if the list changed,
+        or becomes ``incarnation`` when given (lower simulates an IMDS reset). Returns it."""
+        with self._lock:
+            return self._replace(events, incarnation)
+
+    def _replace(self, events: Sequence[Mapping[str, object]], incarnation: int | None) -> int:
+        try:  # a JSON round trip both validates and detaches the caller's objects
+            fresh = json.loads(json.dumps([dict(e) for e in events]))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"events: expected JSON-serialisable mappings, got {exc}") from exc
+        if incarnation is not None:
+            self._incarnation = incarnation
+        elif fresh != self._events:
+            self._incarnation += 1
+        self._events = fresh
+        return self._incarnation
+
+    def push_fault(self, fault: Fault) -> None:
+        """Queue ``fault``; queued faults are used in order by the requests they match."""
+        with self._lock:
+            self._faults.push(fault)
+
+    @property
+    def requests(self) -> list[RequestLogEntry]:
+        """Every request answered so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self._log_entries)
+
+    def clear_requests(self) -> None:
+        """Forget the request log (wait_for_requests counts from here on)."""
+        with self._lock:
+            self._log_entries.clear()
+
+    def wait_for_requests(self, count: int, timeout: float, *, method: str | None = None,
+                          path_prefix: str | None = None) -> bool:
+        """Wait until the log holds ``count`` matching requests; False on timeout."""
+        def enough() -> bool:
+            return sum(1 for e in self._log_entries
+                       if (method is None or e.method == method)
+                       and (path_prefix is None or e.path.startswith(path_prefix))) >= count
+        with self._lock:
+            return self._lock.wait_for(enough, timeout)
+
+    def now(self) -> float:
+        """Wall clock (the injected one) for the request log."""
+        return self._clock()
+
+    def record(self, entry: RequestLogEntry) -> None:
+        """Append ``entry`` to the request log and wake :meth:`wait_for_requests`."""
+        with self._lock:
+            self._log_entries.append(entry)
+            self._lock.notify_all()
+
+    def track(self, conn: socket.socket, *, add: bool) -> None:
+        """Remember open connections so :meth:`stop` can close idle keep-alive ones."""
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    def handle(self, method: str, path: str, query: str, headers: tuple[tuple[str, str], ...],
+               body: bytes) -> Response:
+        """Answer one request: IMDS checks first, then a queued fault, then the real answer."""
+        route = check_request(method, path, query, headers)
+        if isinstance(route, Response):
+            return route
+        with self._lock:
+            fault = self._faults.take(route.target, method, time.monotonic())
+        if fault is not None:
+            if self._stopping.wait(fault.delay):  # stop() cuts a delay short, unlike time.sleep
+                return error(HTTPStatus.SERVICE_UNAVAILABLE, "Simulator stopping")
+            if fault.kind != "delay":
+                return fault_response(fault)
+        if route.target == "instance":
+            return Response(HTTPStatus.OK,
+                            json.dumps(instance_document(self.vm_name, self._instance)).encode())
+        if method == "POST":
+            return self._approve(body)
+        return self._document(route, headers)
+
+    def _document(self, route: Route, headers: tuple[tuple[str, str], ...]) -> Response:
+        inm = next((v for k, v in headers if k.lower() == "if-none-match"), None)
+        with self._lock:
+            return document_response(self._incarnation, self._events, route.version, inm)
+
+    def _approve(self, body: bytes) -> Response:
+        ids = parse_start_requests(body)
+        if isinstance(ids, Response):
+            return ids
+        with self._lock:
+            changed = start_events(self._events, ids)
+            if isinstance(changed, Response):
+                return changed
+            self._approved.update(i.casefold() for i in ids)
+            if changed:
+                self._incarnation += 1
+        return Response(HTTPStatus.OK)
+
+    def play(self, scenario: Scenario, *, speed: float | None = None, loop: bool = False,
+             on_step: Callable[[PlayedStep], None] | None = None) -> threading.Event:
+        """Play ``scenario`` in a daemon thread at ``speed`` (default: the scenario's own).
+
+        Returns an event set when the last step is applied (or playback is cancelled). A running
+        playback is cancelled first. Events approved by POST during playback stay ``Started``
+        when a later step lists them ``Scheduled``, as approval would on Azure. With ``loop`` it
+        replays until cancelled, with fresh EventIds each round.
+        """
+        speed = scenario.speed if speed is None else speed
+        if speed <= 0:
+            raise ValueError(f"speed: expected a number > 0, got {speed!r}")
+        self.stop_playing()
+        cancel, done = threading.Event(), threading.Event()
+        with self._lock:
+            self._playbacks.append(cancel)
+        threading.Thread(target=self._playback, args=(scenario, speed, loop, on_step, cancel, done),
+                         name=f"imds-scenario-{scenario.name}", daemon=True).start()
+        return done
+
+    def stop_playing(self) -> None:
+        """Cancel any running playback (the current document stays as it is)."""
+        with self._lock:
+            for cancel in self._playbacks:
+                cancel.set()
+
+    def _playback(self, scenario: Scenario, speed: float, loop: bool,
+                  on_step: Callable[[PlayedStep], None] | None, cancel: threading.Event,
+                  done: threading.Event) -> None:
+        try:
+            ids: dict[str, str] | None = None
+            while True:
+                with self._lock:
+                    self._approved.clear()
+                self._play_once(scenario, speed, ids, on_step, cancel)
+                if not loop or cancel.is_set():
+                    break
+                # A replayed EventId would look like the same event coming back: use fresh ones.
+                ids = {str(e.get("EventId")): str(uuid.uuid4()).upper()
+                       for s in scenario.steps for e in s.events}
+        finally:
+            with self._lock:
+                self._playbacks.remove(cancel)
+            done.set()
+
+    def _play_once(self, scenario: Scenario, speed: float, ids: Mapping[str, str] | None,
+                   on_step: Callable[[PlayedStep], None] | None, cancel: threading.Event) -> None:
+        start, start_wall = time.monotonic(), self._clock()
+        for index, step in enumerate(scenario.steps):
+            if cancel.wait(max(0.0, start + step.at / speed - time.monotonic())):
+                return
+            events = scenario.render(step, start=start_wall, speed=speed, vm_name=self.vm_name,
+                                     id_map=ids)
+            with self._lock:
+                if cancel.is_set():
+                    return
+                for event in events:
+                    if str(event.get("EventId")).casefold() in self._approved and \
+                            event.get("EventStatus") == "Scheduled":
+                        event["EventStatus"], event["NotBefore"] = "Started", ""
+                incarnation = self._replace(events, step.incarnation)
+                if step.fault is not None:
+                    self._faults.push(step.fault)
+            if on_step is not None:
+                on_step(PlayedStep(scenario.name, index, len(scenario.steps), step, incarnation,
+                                   tuple(events), time.monotonic() - start))
+
+
+def _print_step(played: PlayedStep) -> None:
+    def one(e: Mapping[str, object]) -> str:
+        resources = e.get("Resources")
+        names = ",".join(map(str, resources)) if isinstance(resources, list) else "?"
+        when = f" NotBefore {e['NotBefore']}" if e.get("NotBefore") else ""
+        return (f"{e.get('EventType', '?')} {e.get('EventStatus', '?')} "
+                f"{str(e.get('EventId'))[:8]} for {names}{when}")
+
+    summary = "; ".join(one(e) for e in played.events) or "no events"
+    note = f" ({played.step.note})" if played.step.note else ""
+    print(f"[{played.elapsed:6.1f} s] {played.scenario} step {played.index + 1}/{played.total}"
+          f"{note}: incarnation {played.incarnation}: {summary}", file=sys.stderr, flush=True)
+    if played.index + 1 == played.total:
+        print(f"[{played.elapsed:6.1f} s] {played.scenario} finished", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``scheduled-events-exporter simulate``: serve IMDS until SIGINT/SIGTERM; exit status."""
+    parser = argparse.ArgumentParser(prog="scheduled-events-exporter simulate",
+                                     description="Serve a simulated Azure IMDS on loopback.")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address only")
+    parser.add_argument("--port", type=int, default=8099, help="TCP port (default %(default)s)")
+    parser.add_argument("--scenario", help="bundled scenario name or path to a scenario .json")
+    parser.add_argument("--speed", type=float, help="speed factor (default: the scenario's)")
+    parser.add_argument("--loop", action="store_true", help="replay the scenario forever")
+    parser.add_argument("--vm-name", help="this VM's name (default: the scenario's)")
+    parser.add_argument("--list", action="store_true", help="list bundled scenarios and exit")
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse exits on --help and on errors; the caller wants a code
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        if args.list:
+            for name in list_scenarios():
+                sc = load_scenario(name)
+                print(f"{name:24} {sc.real_duration():4.0f} s at x{sc.speed:<4g} {sc.description}")
+            return 0
+        if not is_loopback(args.host):
+            raise ValueError(f"--host must be a loopback address (127.0.0.1, ::1, localhost), "
+                             f"got {args.host!r}")
+        if args.speed is not None and args.speed <= 0:
+            raise ValueError(f"--speed must be > 0, got {args.speed}")
+        scenario = load_scenario(args.scenario) if args.scenario else None
+    except (ScenarioError, ValueError) as exc:
+        print(f"simulate: {exc}", file=sys.stderr)
+        return 2
+    vm_name = args.vm_name or (scenario.vm_name if scenario else DEFAULT_VM_NAME)
+    sim = Simulator(host=args.host, port=args.port, vm_name=vm_name,
+                    instance=scenario.instance if scenario else None)
+    try:
+        sim.start()
+    except OSError as exc:
+        print(f"simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # Signal handlers can only be set from the main thread; elsewhere the caller stops us.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, on_signal)
+                for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    try:
+        print(f"IMDS simulator for VM {vm_name} at {sim.url} since {formatdate(usegmt=True)}; "
+              f"try: curl -H Metadata:true "
+              f"'{sim.url}{SCHEDULED_EVENTS_PATH}?api-version=2020-07-01'", file=sys.stderr,
+              flush=True)
+        if scenario is not None:
+            sim.play(scenario, speed=args.speed, loop=args.loop, on_step=_print_step)
+        stop.wait()
+    finally:
+        sim.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,1 @@
+"""Consumption tests: query pack, ARM templates, dashboards, alert rules, deployment configs."""

@@ -1,0 +1,149 @@
+"""ARM template checks for config/azure: the custom tables match records.COLUMNS (a renamed field
+breaks this), the Event Hubs data collection rule, its association and role assignments are
+wired as Azure Monitor expects, and the log alert rules are complete for both landing paths."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduled_events_exporter.records import COLUMNS
+from tests.consumption import consumption_helpers as ch
+
+INGESTION = ch.AZURE_DIR / "event-hubs-ingestion.json"
+ALERTS = ch.AZURE_DIR / "alert-rules.json"
+ROLE_EVENT_HUBS_DATA_RECEIVER = "a638d3c7-ab3a-418d-83e6-5f17a39d4fde"
+ROLE_EVENT_HUBS_DATA_SENDER = "2b629674-e913-4c01-ae53-ef4638d8f975"
+TEMPLATES = sorted(ch.AZURE_DIR.glob("*.json"))
+
+
+def resources(template: dict[str, Any], rtype: str) -> list[dict[str, Any]]:
+    return [r for r in template["resources"] if r["type"] == rtype]
+
+
+def table(name: str) -> dict[str, Any]:
+    template = ch.load_json(INGESTION)
+    (res,) = [
+        r
+        for r in resources(template, "Microsoft.OperationalInsights/workspaces/tables")
+        if r["properties"]["schema"]["name"] == name
+    ]
+    return res
+
+
+def test_transitions_table_matches_records_columns() -> None:
+    res = table(ch.TRANSITIONS_TABLE)
+    columns = [(c["name"], c["type"]) for c in res["properties"]["schema"]["columns"]]
+    assert columns == list(COLUMNS)
+    assert f"/{ch.TRANSITIONS_TABLE}'" in res["name"]
+
+
+def test_metrics_table_matches_declared_columns() -> None:
+    res = table(ch.METRICS_TABLE)
+    columns = [(c["name"], c["type"]) for c in res["properties"]["schema"]["columns"]]
+    assert columns == list(ch.METRICS_COLUMNS)
+
+
+def test_every_column_is_described() -> None:
+    for name in (ch.TRANSITIONS_TABLE, ch.METRICS_TABLE):
+        for column in table(name)["properties"]["schema"]["columns"]:
+            assert column.get("description"), (name, column["name"])
+
+
+def test_data_collection_rule_reads_event_hubs() -> None:
+    template = ch.load_json(INGESTION)
+    (dcr,) = resources(template, "Microsoft.Insights/dataCollectionRules")
+    props = dcr["properties"]
+    assert dcr["identity"]["type"] in ("SystemAssigned", "systemAssigned")
+    (stream_name,) = props["streamDeclarations"]
+    declared = [(c["name"], c["type"]) for c in props["streamDeclarations"][stream_name]["columns"]]
+    assert declared == list(ch.EVENT_HUB_STREAM_COLUMNS)
+    source = props["dataSources"]["dataImports"]["eventHub"]
+    assert source["stream"] == stream_name
+    assert source["consumerGroup"] and source["name"]
+    assert props["dataCollectionEndpointId"]
+    destinations = {d["name"] for d in props["destinations"]["logAnalytics"]}
+    for flow in props["dataFlows"]:
+        assert flow["streams"] == [stream_name]
+        assert set(flow["destinations"]) <= destinations
+        assert flow["transformKql"].lstrip().startswith("source")
+
+
+def test_association_is_scoped_to_the_event_hub() -> None:
+    template = ch.load_json(INGESTION)
+    (assoc,) = resources(template, "Microsoft.Insights/dataCollectionRuleAssociations")
+    assert assoc["scope"] == "[variables('eventHubId')]"
+    assert template["variables"]["eventHubId"].startswith(
+        "[resourceId('Microsoft.EventHub/namespaces/eventhubs'"
+    )
+    assert assoc["properties"]["dataCollectionRuleId"] == "[variables('dcrId')]"
+
+
+def test_role_assignments() -> None:
+    template = ch.load_json(INGESTION)
+    assignments = resources(template, "Microsoft.Authorization/roleAssignments")
+    by_role: dict[str, dict[str, Any]] = {}
+    for a in assignments:
+        role_var = re.fullmatch(r"\[variables\('(\w+)'\)\]", a["properties"]["roleDefinitionId"])
+        assert role_var, a
+        guid = re.search(r"'([0-9a-f-]{36})'", template["variables"][role_var[1]])
+        assert guid, role_var[1]
+        by_role[guid[1]] = a
+        assert a["scope"] == "[variables('eventHubId')]"
+    receiver = by_role[ROLE_EVENT_HUBS_DATA_RECEIVER]
+    assert "identity.principalId" in receiver["properties"]["principalId"]
+    assert "variables('dcrId')" in receiver["properties"]["principalId"]
+    sender = by_role[ROLE_EVENT_HUBS_DATA_SENDER]
+    assert sender["properties"]["principalId"] == "[parameters('exporterPrincipalId')]"
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_template_references_resolve(path: Path) -> None:
+    template = ch.load_json(path)
+    assert template["$schema"].endswith("deploymentTemplate.json#")
+    assert template["metadata"]["description"]
+    text = path.read_text(encoding="utf-8")
+    for name in re.findall(r"parameters\('(\w+)'\)", text):
+        assert name in template["parameters"], name
+    for name in re.findall(r"variables\('(\w+)'\)", text):
+        assert name in template["variables"], name
+    for res in template["resources"]:
+        assert res["type"] and res["apiVersion"] and res["name"], res
+
+
+ALERT_RULES = ch.load_json(ALERTS)["resources"]
+
+
+def test_alert_rules_cover_the_three_conditions() -> None:
+    names = {r["properties"]["displayName"] for r in ALERT_RULES}
+    assert len(ALERT_RULES) == 3
+    assert any("15 minutes" in n for n in names)
+    assert any("unannounced" in n.lower() for n in names)
+    assert any("silent" in n.lower() for n in names)
+
+
+@pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda r: r["name"])
+def test_alert_rule_shape(rule: dict[str, Any], kusto_results: dict[str, dict[str, Any]]) -> None:
+    template = ch.load_json(ALERTS)
+    assert rule["type"] == "Microsoft.Insights/scheduledQueryRules"
+    assert rule["kind"] == "LogAlert"
+    props = rule["properties"]
+    assert props["enabled"] is True
+    assert 0 <= props["severity"] <= 4
+    assert props["scopes"] == ["[parameters('workspaceResourceId')]"]
+    for key in ("evaluationFrequency", "windowSize"):
+        assert re.fullmatch(r"P(T\d+[MH]|\d+D)", props[key]), (key, props[key])
+    (criterion,) = props["criteria"]["allOf"]
+    assert criterion["timeAggregation"] == "Count"
+    assert criterion["operator"] == "GreaterThan" and criterion["threshold"] == 0
+    variables = re.findall(r"variables\('(\w+)'\)", criterion["query"])
+    assert sorted(v[-4:] for v in variables) == ["Hubs", "Otlp"], variables
+    for var in variables:
+        assert var in template["variables"]
+        columns = dict(map(tuple, kusto_results[f"{ALERTS.relative_to(ch.REPO)}#{var}"]["columns"]))
+        for dim in criterion["dimensions"]:
+            assert dim["operator"] == "Include" and dim["values"] == ["*"]
+            assert columns.get(dim["name"]) == "string", (var, dim["name"], columns)

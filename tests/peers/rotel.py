@@ -1,0 +1,414 @@
+"""Test peer: the real ``rotel`` OTLP collector (``rotel==0.0.1a15``) on free loopback ports,
+its detailed debug dump parsed into :class:`ReceivedLog`/:class:`ReceivedMetric` records."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import re
+import select
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import rotel
+
+ROTEL_AGENT = pathlib.Path(rotel.__file__).parent / "rotel-agent"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_AGENT_LOG = re.compile(r"^(\d{4}-\d\d-\d\dT\S+\s+(TRACE|DEBUG|INFO|WARN|ERROR)\b|ERROR: )")
+# a line of the dump's own structure (ends a multi-line string value): "Label:", "Label #N", "->"
+_STRUCTURAL = re.compile(r"^(\s+-> |\s+(Trace|Span) ID|InstrumentationScope |[A-Z][\w ]*( #\d|:))")
+_ARROW = re.compile(r"^\s+-> (.+?):(?: (.*))?$")
+_SCALAR = re.compile(r"(Int|Double|Bool)\(([^()]*)\)")
+_BYTES = re.compile(r"Bytes\(\[([0-9, ]*)\]\)")
+_MAP_KEY = re.compile(r"([^:]*?):(?=Str\(|Int\(|Double\(|Bool\(|Bytes\(|Slice\(|Map\(|Empty)")
+
+
+@dataclass(frozen=True)
+class ReceivedLog:
+    """A log record; severity_number None = UNSPECIFIED; body: Str text or rotel's notation (typed
+    in body_value); timestamp_ns 0 = unset; arrival_time: time.time() when rotel printed it."""
+
+    event_name: str
+    severity_number: int | None
+    severity_text: str
+    body: str
+    attributes: dict[str, object]
+    resource: dict[str, object]
+    scope: str
+    timestamp_ns: int = 0
+    observed_timestamp_ns: int = 0
+    arrival_time: float = 0.0
+    body_value: object = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """A data point: ``value`` for Gauge/Sum; count/sum/min/max, ``bounds`` (explicit, Histogram
+    only) and ``bucket_counts`` (rotel's order) for Histogram/ExponentialHistogram."""
+
+    attributes: dict[str, object]
+    value: float | None = None
+    count: int | None = None
+    sum: float | None = None
+    min: float | None = None
+    max: float | None = None
+    bounds: tuple[float, ...] = ()
+    bucket_counts: tuple[int, ...] = ()
+    start_time_ns: int = 0
+    time_ns: int = 0
+
+
+@dataclass(frozen=True)
+class ReceivedMetric:
+    """One metric of one export request; ``kind``: Gauge, Sum, Histogram, ExponentialHistogram."""
+
+    name: str
+    description: str
+    unit: str
+    kind: str
+    points: list[Point]
+    resource: dict[str, object]
+    scope: str = ""
+    is_monotonic: bool | None = None
+    temporality: str = ""
+    arrival_time: float = 0.0
+
+
+def _alternatives(s: str, i: int) -> Iterator[tuple[object, int]]:
+    """Yield every (value, end) reading of rotel's AnyValue notation starting at ``s[i]``."""
+    if s.startswith("Empty", i):
+        yield None, i + 5
+    elif m := _SCALAR.match(s, i):
+        kind, raw = m.groups()
+        value = int(raw) if kind == "Int" else float(raw) if kind == "Double" else raw == "true"
+        yield value, m.end()
+    elif m := _BYTES.match(s, i):
+        yield bytes(int(b) for b in m.group(1).split(",") if b.strip()), m.end()
+    elif s.startswith("Str(", i):  # strings are unescaped: try every ")" as the closing one
+        j = s.find(")", i + 4)
+        while j != -1:
+            yield s[i + 4 : j], j + 1
+            j = s.find(")", j + 1)
+    elif s.startswith(("Slice(", "Map("), i):
+        keyed, start = s.startswith("Map(", i), s.index("(", i) + 1
+        if s.startswith(")", start):
+            yield ({} if keyed else []), start + 1
+        yield from _elements(s, start, keyed, ())
+
+
+def _elements(s: str, i: int, keyed: bool,
+              acc: tuple[tuple[str, object], ...]) -> Iterator[tuple[object, int]]:
+    """Yield readings of the remaining ``k:v, ...)`` / ``v, ...)`` items of a Map or Slice."""
+    key = ""
+    if keyed:
+        if not (m := _MAP_KEY.match(s, i)):
+            return
+        key, i = m.group(1), m.end()
+    for value, j in _alternatives(s, i):
+        items = (*acc, (key, value))
+        if s.startswith(")", j):
+            yield (dict(items) if keyed else [v for _, v in items]), j + 1
+        if s.startswith(", ", j):
+            yield from _elements(s, j + 2, keyed, items)
+
+
+def parse_value(text: str) -> object:
+    """rotel's Str/Int/Double/Bool/Slice/Map/Bytes/Empty notation → Python (unknown: the text)."""
+    for value, end in _alternatives(text, 0):
+        if end == len(text):
+            return value
+    return text
+
+
+def _num(text: str | None) -> float | None:
+    """Parse a number printed by rotel (None when the field is absent or empty)."""
+    return float(text) if text and text.strip() else None
+
+
+class DumpParser:
+    """Incremental line parser for rotel's ``--debug-log-verbosity detailed`` dump."""
+
+    def __init__(self, on_record: Callable[[ReceivedLog | ReceivedMetric], None],
+                 on_agent_line: Callable[[str], None]) -> None:
+        self._on_record, self._on_agent_line = on_record, on_agent_line
+        self._resource: dict[str, object] = {}
+        self._scope = ""
+        self._rec: dict[str, Any] | None = None  # the log record or metric being built
+        self._fields: dict[str, Any] = {}  # where "Key: value" lines go (record or data point)
+        self._attrs: dict[str, Any] | None = self._resource  # where "-> k: v" lines go
+        self._pending: tuple[dict[str, Any], str, str] | None = None  # (target, key, raw value)
+
+    def feed(self, line: str, now: float) -> None:
+        """Consume one line (without its newline) that was read at wall-clock time ``now``."""
+        line = _ANSI.sub("", line).rstrip("\r")
+        if (pending := self._pending) and pending[2].count("(") > pending[2].count(")") \
+                and not _STRUCTURAL.match(line):
+            self._pending = (pending[0], pending[1], pending[2] + "\n" + line)  # multi-line Str
+            return
+        self._commit()
+        rec, arrow = self._rec, _ARROW.match(line)
+        if _AGENT_LOG.match(line):
+            self._on_agent_line(line)
+        elif m := re.match(r"(Resource|Scope)(Log|Metric)s? #", line):
+            self.flush()
+            if m.group(1) == "Resource":
+                self._resource = self._attrs = {}
+        elif line.startswith("InstrumentationScope "):
+            self._scope = line.removeprefix("InstrumentationScope ").partition(" ")[0]
+        elif line.startswith(("LogRecord #", "Metric #")):
+            self.flush()
+            self._rec = self._fields = {"attributes": {}, "descriptor": {}, "points": [],
+                                        "arrival_time": now, "is_log": line[0] == "L"}
+            self._attrs = None
+        elif arrow and self._attrs is not None:
+            key, value = arrow.group(1), arrow.group(2) or ""
+            if rec is not None and self._attrs is rec["descriptor"]:
+                self._attrs[key] = value  # descriptor values are plain text
+            else:
+                self._pending = (self._attrs, key, value)
+        elif rec is None or arrow:
+            return
+        elif re.match(r"\w*DataPoints #", line):
+            self._fields = {"attributes": {}, "bounds": [], "bucket_counts": []}
+            rec["points"].append(self._fields)
+            self._attrs = self._fields["attributes"]
+        elif line.startswith("Flags:"):
+            self.flush()
+        elif line.startswith("ExplicitBounds #"):
+            self._fields["bounds"].append(float(line.rpartition(": ")[2]))
+        elif line.startswith(("Buckets #", "Bucket ")) and (m := re.search(r"Count: (\d+)$", line)):
+            self._fields["bucket_counts"].append(int(m.group(1)))
+        elif line.startswith("Body: "):
+            self._pending = (rec, "Body", line.removeprefix("Body: "))
+        elif ": " not in line:  # section header: Attributes:, Descriptor:, Exemplars...
+            self._attrs = {"Attributes:": rec["attributes"], "Descriptor:": rec["descriptor"],
+                           "Data point attributes:": self._fields.get("attributes")}.get(line)
+        else:
+            key, _, value = line.partition(": ")
+            self._fields[key.strip()] = value
+
+    def _commit(self) -> None:
+        if self._pending is not None:
+            (target, key, raw), self._pending = self._pending, None
+            target[key] = parse_value(raw)
+            if target is self._rec and key == "Body":
+                target["Body_raw"] = raw
+
+    def flush(self) -> None:
+        """Emit the record being built (the dump has no end marker after the last metric)."""
+        self._commit()
+        rec, self._rec, self._fields = self._rec, None, {}
+        if rec is None:
+            return
+        if rec["is_log"]:
+            body, severity = rec.get("Body"), re.search(r"\((\d+)\)", rec.get("SeverityNumber", ""))
+            self._on_record(ReceivedLog(
+                event_name=rec.get("EventName", ""),
+                severity_number=(int(severity.group(1)) or None) if severity else None,
+                severity_text=rec.get("SeverityText", ""),
+                body=body if isinstance(body, str) else rec.get("Body_raw", ""),
+                attributes=rec["attributes"], resource=self._resource, scope=self._scope,
+                timestamp_ns=int(rec.get("Timestamp", 0)), arrival_time=rec["arrival_time"],
+                observed_timestamp_ns=int(rec.get("ObservedTimestamp", 0)), body_value=body))
+            return
+        points = [Point(
+            p["attributes"], _num(p.get("Value")), int(p["Count"]) if "Count" in p else None,
+            _num(p.get("Sum")), _num(p.get("Min")), _num(p.get("Max")), tuple(p["bounds"]),
+            tuple(p["bucket_counts"]), int(p.get("StartTimestamp", 0)), int(p.get("Timestamp", 0)),
+        ) for p in rec["points"]]
+        d, monotonic = rec["descriptor"], rec["descriptor"].get("IsMonotonic")
+        self._on_record(ReceivedMetric(
+            name=d.get("Name", ""), description=d.get("Description", ""), unit=d.get("Unit", ""),
+            kind=d.get("DataType", ""), points=points, resource=self._resource,
+            scope=self._scope, is_monotonic=None if monotonic is None else monotonic == "true",
+            temporality=d.get("AggregationTemporality", ""), arrival_time=rec["arrival_time"]))
+
+
+def _free_ports() -> tuple[int, int]:
+    """Two distinct free loopback ports (a bound socket's port is never reused by port 0)."""
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        return a.getsockname()[1], b.getsockname()[1]
+
+
+def _connectable(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class RotelReceiver:
+    """``rotel-agent`` whose received logs and metrics can be queried and awaited. Ports are chosen
+    on the first start and kept (restart listens on the same ports); records survive restarts."""
+
+    def __init__(self, startup_timeout: float = 10.0, binary: pathlib.Path = ROTEL_AGENT) -> None:
+        self._binary, self._startup_timeout = binary, startup_timeout
+        self._cond = threading.Condition()  # guards everything below; notified on every record
+        self._logs: list[ReceivedLog] = []
+        self._metrics: list[ReceivedMetric] = []
+        self._agent_output: deque[str] = deque(maxlen=200)  # rotel's own log lines
+        self._ports: tuple[int, int] | None = None
+        self._running: tuple[subprocess.Popen[bytes], threading.Thread] | None = None
+
+    def start(self) -> RotelReceiver:
+        """Start rotel and wait until both ports accept (a lost port race is retried)."""
+        if self._running:
+            return self
+        fixed, deadline = self._ports is not None, time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            while self._ports is None or {4317, 4318} & set(self._ports):
+                self._ports = _free_ports()
+            if self._launch(deadline):
+                return self
+            if not fixed:
+                self._ports = None  # lost a port to a race: pick new ones
+            with self._cond:
+                self._cond.wait(0.05)  # brief back-off before retrying
+        raise RuntimeError(f"rotel did not start on {self._ports}: {self._tail()}")
+
+    def restart(self) -> None:
+        """Stop and start again on the same ports."""
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        """Terminate rotel (idempotent); its ports stop accepting connections."""
+        if not self._running:
+            return
+        (proc, reader), self._running = self._running, None
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        proc.kill()  # no-op once it has exited
+        proc.wait()
+        reader.join(timeout=5)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+    def _launch(self, deadline: float) -> bool:
+        """Run rotel on ``self.ports``; True once both accept, False if it exited or timed out."""
+        grpc_port, http_port = self.ports
+        args = f"start --exporter blackhole --otlp-grpc-endpoint 127.0.0.1:{grpc_port} " \
+            f"--otlp-http-endpoint 127.0.0.1:{http_port} --debug-log logs --debug-log metrics " \
+            "--debug-log-verbosity detailed --disable-batching"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROTEL_")}
+        proc = subprocess.Popen([str(self._binary), *args.split()], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        state = {"started": False, "eof": False}
+        self._running = (proc, threading.Thread(target=self._read, args=(proc, state), daemon=True))
+        self._running[1].start()
+        with self._cond:  # rotel logs "Starting Rotel." once both ports are bound
+            while not state["eof"] and (left := deadline - time.monotonic()) > 0:
+                if state["started"] and _connectable(grpc_port) and _connectable(http_port):
+                    return True
+                self._cond.wait(min(left, 0.01) if state["started"] else left)
+        self.stop()
+        return False
+
+    def _read(self, proc: subprocess.Popen[bytes], state: dict[str, bool]) -> None:
+        """Reader thread: parse rotel's stdout; flush the pending metric when output pauses."""
+        assert proc.stdout is not None
+        fd, buf = proc.stdout.fileno(), b""
+        parser = DumpParser(self._add, lambda line: self._add_agent(line, state))
+        while True:
+            if not select.select([fd], [], [], 0.05)[0]:
+                with self._cond:
+                    parser.flush()
+                continue
+            chunk, now = os.read(fd, 1 << 16), time.time()
+            *lines, buf = (buf + chunk).split(b"\n") if chunk else [buf, b""]
+            with self._cond:
+                for raw in lines:
+                    parser.feed(raw.decode("utf-8", "replace"), now)
+                if not chunk:
+                    parser.flush()
+                    state["eof"] = True
+                    self._cond.notify_all()
+                    return
+
+    def _add(self, record: ReceivedLog | ReceivedMetric) -> None:
+        target: list[Any] = self._logs if isinstance(record, ReceivedLog) else self._metrics
+        target.append(record)
+        self._cond.notify_all()
+
+    def _add_agent(self, line: str, state: dict[str, bool]) -> None:
+        self._agent_output.append(line)  # rotel's own log lines, kept for error messages
+        state["started"] = state["started"] or "Starting Rotel" in line
+        self._cond.notify_all()
+
+    def _tail(self) -> list[str]:
+        with self._cond:
+            return list(self._agent_output)[-5:]
+
+    def __enter__(self) -> RotelReceiver:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        """(gRPC port, HTTP port)."""
+        assert self._ports is not None, "receiver never started"
+        return self._ports
+
+    @property
+    def grpc_endpoint(self) -> str:
+        """``http://127.0.0.1:P1`` for the gRPC exporters."""
+        return f"http://127.0.0.1:{self.ports[0]}"
+
+    @property
+    def http_endpoint(self) -> str:
+        """``http://127.0.0.1:P2``; append ``/v1/logs`` or ``/v1/metrics`` for http exporters."""
+        return f"http://127.0.0.1:{self.ports[1]}"
+
+    @property
+    def logs(self) -> list[ReceivedLog]:
+        """Snapshot of every log record received so far, in arrival order."""
+        with self._cond:
+            return list(self._logs)
+
+    @property
+    def metrics(self) -> list[ReceivedMetric]:
+        """Snapshot of every metric received so far, in arrival order (periodic re-exports too)."""
+        with self._cond:
+            return list(self._metrics)
+
+    def latest_metric(self, name: str) -> ReceivedMetric | None:
+        """The most recently received metric called ``name``, or None."""
+        with self._cond:
+            return next((m for m in reversed(self._metrics) if m.name == name), None)
+
+    def wait_for_logs(self, predicate: Callable[[ReceivedLog], bool] | None = None, count: int = 1,
+                      timeout: float = 10.0) -> list[ReceivedLog]:
+        """Wait for ``count`` logs matching ``predicate``; return all matches."""
+        pred = predicate or (lambda _: True)
+        with self._cond:
+            if self._cond.wait_for(lambda: sum(map(pred, self._logs)) >= count, timeout):
+                return [log for log in self._logs if pred(log)]
+            seen = [(x.event_name, x.severity_text, x.body[:60], x.attributes) for x in self._logs]
+            raise AssertionError(
+                f"expected {count} matching log(s) within {timeout}s, {sum(map(pred, self._logs))}"
+                f" matched; {len(seen)} arrived, last 10: {seen[-10:]}; rotel: {self._tail()}")
+
+    def wait_for_metric(self, name: str, predicate: Callable[[ReceivedMetric], bool] | None = None,
+                        timeout: float = 10.0) -> ReceivedMetric:
+        """Wait for a metric ``name`` matching ``predicate``; return the latest match."""
+        pred = predicate or (lambda _: True)
+        with self._cond:
+            if self._cond.wait_for(lambda: any(m.name == name and pred(m) for m in self._metrics),
+                                   timeout):
+                return [m for m in self._metrics if m.name == name and pred(m)][-1]
+            same = [m.points for m in self._metrics if m.name == name][-3:]
+            raise AssertionError(
+                f"no metric {name!r} matching the predicate within {timeout}s; names arrived: "
+                f"{sorted({m.name for m in self._metrics})}; last points of {name!r}: {same}; "
+                f"rotel: {self._tail()}")
+
