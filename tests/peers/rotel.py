@@ -1,8 +1,6 @@
 """Test peer: the real ``rotel`` OTLP collector (``rotel==0.0.1a15``) on free loopback ports,
 its detailed debug dump parsed into :class:`ReceivedLog`/:class:`ReceivedMetric` records."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import pathlib
@@ -15,15 +13,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import rotel
 
 ROTEL_AGENT = pathlib.Path(rotel.__file__).parent / "rotel-agent"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _AGENT_LOG = re.compile(r"^(\d{4}-\d\d-\d\dT\S+\s+(TRACE|DEBUG|INFO|WARN|ERROR)\b|ERROR: )")
-# a line of the dump's own structure (ends a multi-line string value): "Label:", "Label #N", "->"
-_STRUCTURAL = re.compile(r"^(\s+-> |\s+(Trace|Span) ID|InstrumentationScope |[A-Z][\w ]*( #\d|:))")
+_LABEL = re.compile(r"^(\s+-> |\s+(Trace|Span) ID|InstrumentationScope |[A-Z][\w ]*( #\d|:))")
 _ARROW = re.compile(r"^\s+-> (.+?):(?: (.*))?$")
 _SCALAR = re.compile(r"(Int|Double|Bool)\(([^()]*)\)")
 _BYTES = re.compile(r"Bytes\(\[([0-9, ]*)\]\)")
@@ -50,8 +47,7 @@ class ReceivedLog:
 
 @dataclass(frozen=True)
 class Point:
-    """A data point: ``value`` for Gauge/Sum; count/sum/min/max, ``bounds`` (explicit, Histogram
-    only) and ``bucket_counts`` (rotel's order) for Histogram/ExponentialHistogram."""
+    """A data point: ``value`` (Gauge/Sum) or count/sum/min/max/bounds/bucket_counts."""
 
     attributes: dict[str, object]
     value: float | None = None
@@ -92,10 +88,7 @@ def _alternatives(s: str, i: int) -> Iterator[tuple[object, int]]:
     elif m := _BYTES.match(s, i):
         yield bytes(int(b) for b in m.group(1).split(",") if b.strip()), m.end()
     elif s.startswith("Str(", i):  # strings are unescaped: try every ")" as the closing one
-        j = s.find(")", i + 4)
-        while j != -1:
-            yield s[i + 4 : j], j + 1
-            j = s.find(")", j + 1)
+        yield from ((s[i + 4 : j], j + 1) for j in range(i + 4, len(s)) if s[j] == ")")
     elif s.startswith(("Slice(", "Map("), i):
         keyed, start = s.startswith("Map(", i), s.index("(", i) + 1
         if s.startswith(")", start):
@@ -128,7 +121,6 @@ def parse_value(text: str) -> object:
 
 
 def _num(text: str | None) -> float | None:
-    """Parse a number printed by rotel (None when the field is absent or empty)."""
     return float(text) if text and text.strip() else None
 
 
@@ -148,9 +140,8 @@ class DumpParser:
     def feed(self, line: str, now: float) -> None:
         """Consume one line (without its newline) that was read at wall-clock time ``now``."""
         line = _ANSI.sub("", line).rstrip("\r")
-        if (pending := self._pending) and pending[2].count("(") > pending[2].count(")") \
-                and not _STRUCTURAL.match(line):
-            self._pending = (pending[0], pending[1], pending[2] + "\n" + line)  # multi-line Str
+        if (p := self._pending) and p[2].count("(") > p[2].count(")") and not _LABEL.match(line):
+            self._pending = (p[0], p[1], p[2] + "\n" + line)  # continuation of a multi-line Str
             return
         self._commit()
         rec, arrow = self._rec, _ARROW.match(line)
@@ -183,7 +174,7 @@ class DumpParser:
             self.flush()
         elif line.startswith("ExplicitBounds #"):
             self._fields["bounds"].append(float(line.rpartition(": ")[2]))
-        elif line.startswith(("Buckets #", "Bucket ")) and (m := re.search(r"Count: (\d+)$", line)):
+        elif m := re.match(r"Buckets? .*, Count: (\d+)$", line):
             self._fields["bucket_counts"].append(int(m.group(1)))
         elif line.startswith("Body: "):
             self._pending = (rec, "Body", line.removeprefix("Body: "))
@@ -208,15 +199,12 @@ class DumpParser:
         if rec is None:
             return
         if rec["is_log"]:
-            body, severity = rec.get("Body"), re.search(r"\((\d+)\)", rec.get("SeverityNumber", ""))
-            self._on_record(ReceivedLog(
-                event_name=rec.get("EventName", ""),
-                severity_number=(int(severity.group(1)) or None) if severity else None,
-                severity_text=rec.get("SeverityText", ""),
-                body=body if isinstance(body, str) else rec.get("Body_raw", ""),
-                attributes=rec["attributes"], resource=self._resource, scope=self._scope,
-                timestamp_ns=int(rec.get("Timestamp", 0)), arrival_time=rec["arrival_time"],
-                observed_timestamp_ns=int(rec.get("ObservedTimestamp", 0)), body_value=body))
+            body, sev = rec.get("Body"), re.search(r"\((\d+)\)", rec.get("SeverityNumber", ""))
+            self._on_record(ReceivedLog(  # fields in declaration order
+                rec.get("EventName", ""), (int(sev.group(1)) or None) if sev else None,
+                rec.get("SeverityText", ""), body if isinstance(body, str) else rec["Body_raw"],
+                rec["attributes"], self._resource, self._scope, int(rec.get("Timestamp", 0)),
+                int(rec.get("ObservedTimestamp", 0)), rec["arrival_time"], body))
             return
         points = [Point(
             p["attributes"], _num(p.get("Value")), int(p["Count"]) if "Count" in p else None,
@@ -225,10 +213,9 @@ class DumpParser:
         ) for p in rec["points"]]
         d, monotonic = rec["descriptor"], rec["descriptor"].get("IsMonotonic")
         self._on_record(ReceivedMetric(
-            name=d.get("Name", ""), description=d.get("Description", ""), unit=d.get("Unit", ""),
-            kind=d.get("DataType", ""), points=points, resource=self._resource,
-            scope=self._scope, is_monotonic=None if monotonic is None else monotonic == "true",
-            temporality=d.get("AggregationTemporality", ""), arrival_time=rec["arrival_time"]))
+            d.get("Name", ""), d.get("Description", ""), d.get("Unit", ""), d.get("DataType", ""),
+            points, self._resource, self._scope, None if monotonic is None else monotonic == "true",
+            d.get("AggregationTemporality", ""), rec["arrival_time"]))
 
 
 def _free_ports() -> tuple[int, int]:
@@ -245,19 +232,18 @@ def _connectable(port: int) -> bool:
 
 
 class RotelReceiver:
-    """``rotel-agent`` whose received logs and metrics can be queried and awaited. Ports are chosen
-    on the first start and kept (restart listens on the same ports); records survive restarts."""
+    """A ``rotel-agent`` to await records on; ports and records are kept across restarts."""
 
     def __init__(self, startup_timeout: float = 10.0, binary: pathlib.Path = ROTEL_AGENT) -> None:
         self._binary, self._startup_timeout = binary, startup_timeout
         self._cond = threading.Condition()  # guards everything below; notified on every record
         self._logs: list[ReceivedLog] = []
         self._metrics: list[ReceivedMetric] = []
-        self._agent_output: deque[str] = deque(maxlen=200)  # rotel's own log lines
+        self._agent_output: deque[str] = deque(maxlen=200)  # the current rotel's own log lines
         self._ports: tuple[int, int] | None = None
         self._running: tuple[subprocess.Popen[bytes], threading.Thread] | None = None
 
-    def start(self) -> RotelReceiver:
+    def start(self) -> Self:
         """Start rotel and wait until both ports accept (a lost port race is retried)."""
         if self._running:
             return self
@@ -267,11 +253,10 @@ class RotelReceiver:
                 self._ports = _free_ports()
             if self._launch(deadline):
                 return self
-            if not fixed:
-                self._ports = None  # lost a port to a race: pick new ones
+            self._ports = self._ports if fixed else None  # first start lost a race: new ports
             with self._cond:
                 self._cond.wait(0.05)  # brief back-off before retrying
-        raise RuntimeError(f"rotel did not start on {self._ports}: {self._tail()}")
+        raise RuntimeError(f"rotel did not start on {self._ports}: {list(self._agent_output)[-5:]}")
 
     def restart(self) -> None:
         """Stop and start again on the same ports."""
@@ -283,14 +268,12 @@ class RotelReceiver:
         if not self._running:
             return
         (proc, reader), self._running = self._running, None
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        proc.kill()  # no-op once it has exited
-        proc.wait()
-        reader.join(timeout=5)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        with proc:  # on exit: closes the pipe, reaps the process
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            proc.kill()  # no-op once it has exited
+            reader.join(timeout=5)  # reads up to EOF
 
     def _launch(self, deadline: float) -> bool:
         """Run rotel on ``self.ports``; True once both accept, False if it exited or timed out."""
@@ -301,14 +284,16 @@ class RotelReceiver:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROTEL_")}
         proc = subprocess.Popen([str(self._binary), *args.split()], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-        state = {"started": False, "eof": False}
+        state = {"eof": False}
         self._running = (proc, threading.Thread(target=self._read, args=(proc, state), daemon=True))
-        self._running[1].start()
         with self._cond:  # rotel logs "Starting Rotel." once both ports are bound
+            self._agent_output.clear()
+            self._running[1].start()
             while not state["eof"] and (left := deadline - time.monotonic()) > 0:
-                if state["started"] and _connectable(grpc_port) and _connectable(http_port):
+                started = any("Starting Rotel" in line for line in self._agent_output)
+                if started and _connectable(grpc_port) and _connectable(http_port):
                     return True
-                self._cond.wait(min(left, 0.01) if state["started"] else left)
+                self._cond.wait(min(left, 0.01) if started else left)
         self.stop()
         return False
 
@@ -316,7 +301,7 @@ class RotelReceiver:
         """Reader thread: parse rotel's stdout; flush the pending metric when output pauses."""
         assert proc.stdout is not None
         fd, buf = proc.stdout.fileno(), b""
-        parser = DumpParser(self._add, lambda line: self._add_agent(line, state))
+        parser = DumpParser(self._add, self._agent_output.append)
         while True:
             if not select.select([fd], [], [], 0.05)[0]:
                 with self._cond:
@@ -327,10 +312,10 @@ class RotelReceiver:
             with self._cond:
                 for raw in lines:
                     parser.feed(raw.decode("utf-8", "replace"), now)
+                self._cond.notify_all()
                 if not chunk:
                     parser.flush()
                     state["eof"] = True
-                    self._cond.notify_all()
                     return
 
     def _add(self, record: ReceivedLog | ReceivedMetric) -> None:
@@ -338,16 +323,7 @@ class RotelReceiver:
         target.append(record)
         self._cond.notify_all()
 
-    def _add_agent(self, line: str, state: dict[str, bool]) -> None:
-        self._agent_output.append(line)  # rotel's own log lines, kept for error messages
-        state["started"] = state["started"] or "Starting Rotel" in line
-        self._cond.notify_all()
-
-    def _tail(self) -> list[str]:
-        with self._cond:
-            return list(self._agent_output)[-5:]
-
-    def __enter__(self) -> RotelReceiver:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -389,14 +365,21 @@ class RotelReceiver:
     def wait_for_logs(self, predicate: Callable[[ReceivedLog], bool] | None = None, count: int = 1,
                       timeout: float = 10.0) -> list[ReceivedLog]:
         """Wait for ``count`` logs matching ``predicate``; return all matches."""
-        pred = predicate or (lambda _: True)
+        found: list[ReceivedLog] = []
+        scanned = [0]
+
+        def ready() -> bool:  # looks only at the logs that arrived since the last wake-up
+            found.extend(filter(predicate, self._logs[scanned[0]:]))
+            scanned[0] = len(self._logs)
+            return len(found) >= count
+
         with self._cond:
-            if self._cond.wait_for(lambda: sum(map(pred, self._logs)) >= count, timeout):
-                return [log for log in self._logs if pred(log)]
+            if self._cond.wait_for(ready, timeout):
+                return found
             seen = [(x.event_name, x.severity_text, x.body[:60], x.attributes) for x in self._logs]
-            raise AssertionError(
-                f"expected {count} matching log(s) within {timeout}s, {sum(map(pred, self._logs))}"
-                f" matched; {len(seen)} arrived, last 10: {seen[-10:]}; rotel: {self._tail()}")
+            raise AssertionError(f"expected {count} matching log(s) within {timeout}s, {len(found)}"
+                                 f" matched; {len(seen)} arrived, last 10: {seen[-10:]}; rotel: "
+                                 f"{list(self._agent_output)[-5:]}")
 
     def wait_for_metric(self, name: str, predicate: Callable[[ReceivedMetric], bool] | None = None,
                         timeout: float = 10.0) -> ReceivedMetric:
@@ -410,5 +393,5 @@ class RotelReceiver:
             raise AssertionError(
                 f"no metric {name!r} matching the predicate within {timeout}s; names arrived: "
                 f"{sorted({m.name for m in self._metrics})}; last points of {name!r}: {same}; "
-                f"rotel: {self._tail()}")
+                f"rotel: {list(self._agent_output)[-5:]}")
 

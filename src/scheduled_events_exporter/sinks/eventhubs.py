@@ -1,9 +1,9 @@
 """Event Hubs sink (SPEC §8): one flat JSON message per transition, metrics as snapshots.
 
-The ``azure-eventhub`` SDK can block for tens of seconds on retries and, against a peer that
-accepts TCP but never answers, forever. Every SDK call therefore runs on a :class:`HubSender`
-thread with a deadline; a client stuck past it is abandoned and a fresh one is built for the
-next attempt. The poll loop never waits on any of this.
+The ``azure-eventhub`` SDK can block for seconds on retries and, against a peer that accepts
+TCP but never answers, forever. Every SDK call runs on a :class:`HubSender` daemon thread with a
+deadline; a client stuck past it is abandoned (its thread never joined) and a fresh client and
+thread serve the next attempt. Neither the poll loop nor process exit waits on any of this.
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
+import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +46,14 @@ MAX_MESSAGE_BYTES = 48 * 1024
 TRUNCATION_MARK = "…[truncated]"
 #: Longest a single SDK call may take before its client is abandoned.
 SEND_DEADLINE = 60.0
+SEND_TIMEOUT_VARIABLE = "SEE_EVENTHUB_SEND_TIMEOUT"  # overrides it: seconds, 1-600
+#: SDK-internal retries per call. The delivery worker retries with its own backoff, so more
+#: only lengthen each failing call (3, the SDK default, takes ~12 s against a hub that is down)
+#: and delay shutdown; one retry still absorbs a connection the service closed while idle.
+SDK_RETRY_TOTAL = 1
+#: Shortened first when a message is too large (free text, lists); _KEPT: never shortened.
+_SHRINKABLE = ("Description", "Changes", "Resources")
+_KEPT = frozenset({"TimeGenerated", "Transition", "RecordId", "ExporterVersion"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,31 +66,52 @@ class Message:
 
 def transition_message(record: TransitionRecord) -> Message:
     """The SPEC §8 object as a message, shrunk (never dropped) to fit :data:`MAX_MESSAGE_BYTES`."""
-    columns = to_columns(record)
+    columns: dict[str, object] = dict(to_columns(record))
     body = _dump(columns)
     if len(body) > MAX_MESSAGE_BYTES:
-        # Description first (free text), then Resources (keep the first names and say so).
-        description = str(columns.get("Description") or "")
-        excess = len(body) - MAX_MESSAGE_BYTES
-        keep = max(0, len(description.encode()) - excess - len(TRUNCATION_MARK.encode()) - 16)
-        columns["Description"] = (
-            description.encode()[:keep].decode(errors="ignore") + TRUNCATION_MARK
-        )
-        body = _dump(columns)
-        resources = columns.get("Resources")
-        while len(body) > MAX_MESSAGE_BYTES and isinstance(resources, list) and len(resources) > 1:
-            resources = resources[: len(resources) // 2]
-            columns["Resources"] = [*resources, TRUNCATION_MARK]
-            body = _dump(columns)
+        body = _shrink(columns, _SHRINKABLE)
+    if len(body) > MAX_MESSAGE_BYTES:  # only with absurd ids or names: cap every other column
+        body = _shrink(json.loads(body), tuple(k for k in columns if k not in _KEPT))
     event = record.transition.event
-    return Message(
-        body,
-        {
-            "RecordKind": "transition",
-            "Transition": record.transition.kind.value,
-            "EventType": event.event_type if event else "",
-        },
-    )
+    kind = record.transition.kind.value
+    return Message(body, {"RecordKind": "transition", "Transition": kind,
+                          "EventType": event.event_type if event else ""})
+
+
+def _shrink(columns: dict[str, object], keys: Sequence[str]) -> bytes:
+    """Cap ``keys`` to a per-value byte budget, halved until the object fits (or is minimal).
+
+    Every column stays present with its JSON type; a shortened string ends with
+    :data:`TRUNCATION_MARK`, a shortened list gets it as its last item.
+    """
+    budget = MAX_MESSAGE_BYTES
+    while True:
+        body = _dump({k: _cap(v, budget) if k in keys else v for k, v in columns.items()})
+        if len(body) <= MAX_MESSAGE_BYTES or budget == 0:
+            return body
+        budget //= 2
+
+
+def _cap(value: object, budget: int) -> object:
+    if isinstance(value, str):
+        raw = value.encode()
+        if len(raw) <= budget:
+            return value
+        return raw[:budget].decode(errors="ignore") + TRUNCATION_MARK
+    if isinstance(value, list):
+        kept: list[object] = []
+        used = 0
+        for item in value:
+            capped = _cap(item, budget)
+            used += len(_dump(capped)) + 1
+            if used > budget:
+                return [*kept, TRUNCATION_MARK]
+            kept.append(capped)
+        return kept
+    if isinstance(value, dict):  # Changes: {field: [old, new]}; keep both sides of each pair
+        return {k: [_cap(side, budget // 2) for side in v] if isinstance(v, list)
+                else _cap(v, budget) for k, v in value.items()}
+    return value
 
 
 def _dump(value: object) -> bytes:
@@ -88,103 +121,131 @@ def _dump(value: object) -> bytes:
 ClientFactory = Callable[[], Any]
 
 
-class HubSender:
-    """Serialises SDK calls onto one thread with a deadline; abandons stuck clients."""
+def _start(call: Callable[[], object]) -> tuple[Future[object], threading.Thread]:
+    """Run ``call`` on a new daemon thread. Not a ``ThreadPoolExecutor``: its threads are joined
+    at interpreter exit, so one call stuck in the SDK would block process exit."""
+    future: Future[object] = Future()
 
-    def __init__(
-        self,
-        factory: ClientFactory,
-        partition_key: Callable[[], str],
-        deadline: float = SEND_DEADLINE,
-    ) -> None:
+    def run() -> None:
+        try:
+            future.set_result(call())
+        except BaseException as exc:  # handed to the waiting caller
+            future.set_exception(exc)
+
+    thread = threading.Thread(target=run, name="eventhubs-sdk", daemon=True)
+    thread.start()
+    return future, thread
+
+
+class HubSender:
+    """One SDK call at a time, each on its own daemon thread with a deadline; a client whose
+    call outlives it is abandoned (and unblocked, see :func:`_reap`), a fresh one built."""
+
+    def __init__(self, factory: ClientFactory, partition_key: Callable[[], str],
+                 deadline: float = SEND_DEADLINE) -> None:
         self._factory = factory
         self._partition_key = partition_key
         self._deadline = deadline
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._serial = threading.Lock()  # held for a whole send; always acquired with a timeout
         self._client: Any = None
+        self.closed = False  # set by close(); every later send fails at once
 
-    def send(self, messages: Sequence[Message]) -> None:
-        """Send as few batches as fit; raises :class:`DeliveryError` on any failure."""
-        with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(1, "eventhubs-sdk")
-            future = self._executor.submit(self._send_blocking, list(messages))
+    def send(self, messages: Sequence[Message], timeout: float | None = None) -> None:
+        """Send in as few batches as fit, within ``timeout`` (at most the deadline); raises
+        :class:`DeliveryError` on any failure, including the deadline passing."""
+        budget = self._deadline if timeout is None else max(0.0, min(timeout, self._deadline))
+        ends = time.monotonic() + budget
+        if self.closed or not self._serial.acquire(timeout=budget):
+            raise DeliveryError("Event Hubs sender closed" if self.closed else
+                                f"Event Hubs client busy for {budget:g} s with another send")
+        try:
+            if self.closed:
+                raise DeliveryError("Event Hubs sender closed")
+            if self._client is None:
+                self._client = self._factory()
+            client, key, batch = self._client, self._partition_key(), list(messages)
+            future, thread = _start(lambda: _send_batches(client, key, batch))
             try:
-                future.result(timeout=self._deadline)
+                future.result(timeout=max(0.0, ends - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                self._abandon()
-                raise DeliveryError(
-                    f"Event Hubs send did not finish in {self._deadline:g} s; client abandoned"
-                ) from None
-            except DeliveryError:
-                raise
-            except Exception as exc:
-                self._reset_client()
+                self._client = None
+                _start(lambda: _reap(client, thread))
+                message = f"Event Hubs send did not finish in {budget:g} s; client abandoned"
+                raise DeliveryError(message) from None
+            except Exception as exc:  # the client may be half-open: close it, build a new one
+                self._client = None
+                _start(lambda: _close_quietly(client))
                 raise DeliveryError(describe_error(exc)) from None
+        finally:
+            if self.closed:  # close() came while we sent: it left the cleanup to us
+                self._drop_client()
+            self._serial.release()
 
     def close(self, timeout: float) -> None:
-        """Close the client without waiting longer than ``timeout``."""
-        with self._lock:
-            executor, client = self._executor, self._client
-            self._executor, self._client = None, None
-        if executor is None:
-            return
-        if client is not None:
-            future = executor.submit(client.close)
-            # Closing a broken client is best effort.
-            with contextlib.suppress(Exception):
-                future.result(timeout=max(timeout, 0.1))
-        executor.shutdown(wait=False, cancel_futures=True)
+        """Close the client without waiting longer than ``timeout``; later sends fail at once."""
+        self.closed = True
+        ends = time.monotonic() + max(timeout, 0.0)
+        if not self._serial.acquire(timeout=max(timeout, 0.0)):
+            return  # a send is running: it cleans up when it returns or passes its deadline
+        try:
+            with contextlib.suppress(Exception):  # closing a broken client is best effort
+                self._drop_client().result(timeout=max(ends - time.monotonic(), 0.1))
+        finally:
+            self._serial.release()
 
-    def _send_blocking(self, messages: list[Message]) -> None:
-        from azure.eventhub import EventData
-
-        if self._client is None:
-            self._client = self._factory()
-        client = self._client
-        batch = client.create_batch(partition_key=self._partition_key())
-        for message in messages:
-            data = EventData(message.body)
-            data.properties = {k: v for k, v in message.properties.items()}
-            data.content_type = "application/json"
-            try:
-                batch.add(data)
-            except ValueError:  # batch full: ship it and start another
-                client.send_batch(batch)
-                batch = client.create_batch(partition_key=self._partition_key())
-                batch.add(data)
-        if len(batch):
-            client.send_batch(batch)
-
-    def _reset_client(self) -> None:
+    def _drop_client(self) -> Future[object]:
         client, self._client = self._client, None
-        if client is not None and self._executor is not None:
-            self._executor.submit(_close_quietly, client)
+        return _start(lambda: _close_quietly(client))[0]
 
-    def _abandon(self) -> None:
-        # The stuck call keeps its thread; a new executor and client serve the next attempt.
-        executor, client = self._executor, self._client
-        self._executor, self._client = None, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        if client is not None:
-            threading.Thread(target=_close_quietly, args=(client,), daemon=True).start()
+
+def _reap(client: Any, stuck: threading.Thread) -> None:
+    """Unblock a call stuck on a silent peer (the SDK reads without timeout during SASL), so
+    abandoned calls do not pile up as threads and sockets: shut the client's sockets (private
+    attributes of azure-eventhub 5.x, best effort) until the call gives up, then close it."""
+    for _ in range(10):
+        with contextlib.suppress(Exception):
+            for producer in list(client._producers.values()):
+                with contextlib.suppress(Exception):
+                    producer._handler._connection._transport.sock.shutdown(socket.SHUT_RDWR)
+        stuck.join(1.0)
+        if not stuck.is_alive():
+            break
+    _close_quietly(client)
+
+
+def _send_batches(client: Any, partition_key: str, messages: list[Message]) -> None:
+    from azure.eventhub import EventData
+
+    batch = client.create_batch(partition_key=partition_key)
+    for message in messages:
+        data = EventData(message.body)
+        data.properties = {k: v for k, v in message.properties.items()}
+        data.content_type = "application/json"
+        try:
+            batch.add(data)
+        except ValueError:  # batch full: ship it and start another
+            if not len(batch):
+                limit = f"a {len(message.body)}-byte message exceeds the hub's size limit"
+                raise ValueError(limit) from None
+            client.send_batch(batch)
+            batch = client.create_batch(partition_key=partition_key)
+            batch.add(data)
+    if len(batch):
+        client.send_batch(batch)
 
 
 def _close_quietly(client: Any) -> None:
     with contextlib.suppress(Exception):  # best effort on a client we are discarding
-        client.close()
+        if client is not None:
+            client.close()
 
 
 def describe_error(exc: BaseException) -> str:
     """One clear line without secrets (SDK messages may echo endpoints, never keys)."""
     name = type(exc).__name__
     if name in ("AuthenticationError", "ClientAuthenticationError", "CredentialUnavailableError"):
-        return (
-            f"Event Hubs authentication failed ({name}): check the credential and that the "
-            "identity has the 'Azure Event Hubs Data Sender' role"
-        )
+        return (f"Event Hubs authentication failed ({name}): check the credential and that the "
+                "identity has the 'Azure Event Hubs Data Sender' role")
     text = str(exc).splitlines()[0] if str(exc) else ""
     if "SharedAccessKey" in text or "sig=" in text:
         text = "(details withheld: they contained credentials)"
@@ -196,34 +257,37 @@ def describe_error(exc: BaseException) -> str:
 class EventHubsMetricExporter(MetricExporter):
     """An SDK ``MetricExporter``: one JSON snapshot message per export (``RecordKind=metrics``)."""
 
-    def __init__(
-        self, sender: HubSender, resource: Callable[[], Resource], count_failure: FailureCounter
-    ) -> None:
+    def __init__(self, sender: HubSender, resource: Callable[[], Resource],
+                 count_failure: FailureCounter) -> None:
         super().__init__()
         self._sender = sender
         self._resource = resource
         self._count_failure = count_failure
+        self._failing = False
 
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
         """Send one snapshot; failures are counted (metrics are re-observed, not spooled)."""
+        if self._sender.closed:  # the SDK's last collection at shutdown comes after the sink's
+            return MetricExportResult.FAILURE  # shutdown: skipped, it would reopen the client
         attrs = self._resource().attributes
-        snapshot = {
-            "TimeGenerated": rfc3339(datetime.now(UTC)),
-            "RecordKind": "metrics",
-            "VmId": str(attrs.get("host.id", "")),
-            "VmName": str(attrs.get("host.name", "")),
-            "Metrics": snapshot_metrics(metrics_data),
-            "RecordId": str(uuid.uuid4()),
-            "ExporterVersion": __version__,
-        }
+        snapshot = {"TimeGenerated": rfc3339(datetime.now(UTC)), "RecordKind": "metrics",
+                    "VmId": str(attrs.get("host.id", "")),
+                    "VmName": str(attrs.get("host.name", "")),
+                    "Metrics": snapshot_metrics(metrics_data), "RecordId": str(uuid.uuid4()),
+                    "ExporterVersion": __version__}
+        message = Message(_dump(snapshot), {"RecordKind": "metrics"})
         try:
-            self._sender.send([Message(_dump(snapshot), {"RecordKind": "metrics"})])
+            self._sender.send([message], timeout=timeout_millis / 1000)
         except DeliveryError as exc:
-            log.warning("sink eventhubs: metrics snapshot not sent: %s", exc)
+            if not self._failing and not self._sender.closed:  # once per failure streak
+                log.warning("sink eventhubs: metrics snapshots not sent: %s", exc)
+            self._failing = True
             self._count_failure("eventhubs", "metrics", 1)
             return MetricExportResult.FAILURE
+        if self._failing:
+            log.info("sink eventhubs: metrics snapshots sent again")
+        self._failing = False
         return MetricExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -231,7 +295,7 @@ class EventHubsMetricExporter(MetricExporter):
         return True
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        """The sink closes the shared sender."""
+        """The sink closes the shared sender (first: the SDK's last collection is skipped)."""
 
 
 class EventHubsSink:
@@ -239,29 +303,24 @@ class EventHubsSink:
 
     name = "eventhubs"
 
-    def __init__(
-        self, config: Config, count_failure: FailureCounter, factory: ClientFactory
-    ) -> None:
+    def __init__(self, config: Config, count_failure: FailureCounter, factory: ClientFactory,
+                 send_deadline: float = SEND_DEADLINE) -> None:
         self._resource = Resource.create({})
-        self._sender = HubSender(factory, self._partition_key)
+        self._sender = HubSender(factory, self._partition_key, send_deadline)
         self._reader = PeriodicExportingMetricReader(
             EventHubsMetricExporter(self._sender, lambda: self._resource, count_failure),
             export_interval_millis=config.metric_export_interval * 1000,
         )
-        self._worker = DeliveryWorker(
-            self.name,
-            self._deliver,
-            count_failure,
-            max_records=config.spool_max_records,
-            spool=open_spool(config, self.name),
-        )
+        self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
+                                      max_records=config.spool_max_records,
+                                      spool=open_spool(config, self.name))
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """The periodic snapshot reader."""
         return (self._reader,)
 
     def start(self, resource: Resource) -> None:
-        """Start the worker."""
+        """Start the worker; ``resource`` gives the partition key (``host.id``)."""
         self._resource = resource
         self._worker.start()
 
@@ -274,7 +333,7 @@ class EventHubsSink:
         return self._worker.flush(timeout)
 
     def shutdown(self, timeout: float) -> bool:
-        """Send what is queued within ``timeout``, then close the client."""
+        """Send what is queued within ``timeout``, then close the client (within ~1 s more)."""
         done = self._worker.stop(timeout)
         self._sender.close(timeout=1.0)
         return done
@@ -291,28 +350,42 @@ class EventHubsSink:
         self._sender.send([transition_message(r) for r in records])
 
 
+def send_deadline_from_env() -> float:
+    """:data:`SEND_TIMEOUT_VARIABLE` in seconds (1-600), else :data:`SEND_DEADLINE`."""
+    raw = os.environ.get(SEND_TIMEOUT_VARIABLE, "").strip()
+    try:
+        value = float(raw) if raw else SEND_DEADLINE
+    except ValueError:
+        value = -1.0
+    if 1.0 <= value <= 600.0:  # also rejects nan
+        return value
+    log.warning("%s=%r: expected seconds from 1 to 600; using %g",
+                SEND_TIMEOUT_VARIABLE, raw[:40], SEND_DEADLINE)
+    return SEND_DEADLINE
+
+
 def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> EventHubsSink:
     """Build the sink with a connection string or ``DefaultAzureCredential``."""
     try:
         from azure.eventhub import EventHubProducerClient
     except ImportError:
-        raise RuntimeError(
-            "SEE_SINKS includes eventhubs but azure-eventhub is not installed: "
-            "pip install 'azure-scheduled-events-exporter[eventhubs]'"
-        ) from None
+        raise RuntimeError("SEE_SINKS includes eventhubs but azure-eventhub is not installed: "
+                           "pip install 'azure-scheduled-events-exporter[eventhubs]'") from None
+    if config.log_level != "DEBUG":
+        # The SDK logs every connection state change and retry at INFO; our sink reports
+        # failures once per streak, without the SDK's multi-line exception texts.
+        logging.getLogger("azure").setLevel(logging.WARNING)
 
     def factory() -> Any:
         if config.eventhub_connection_string:
             return EventHubProducerClient.from_connection_string(
-                config.eventhub_connection_string,
-                eventhub_name=config.eventhub_name or None,
-            )
+                config.eventhub_connection_string, eventhub_name=config.eventhub_name or None,
+                retry_total=SDK_RETRY_TOTAL)
         from azure.identity import DefaultAzureCredential
 
         return EventHubProducerClient(
             fully_qualified_namespace=config.eventhub_namespace,
-            eventhub_name=config.eventhub_name,
-            credential=DefaultAzureCredential(),
-        )
+            eventhub_name=config.eventhub_name, credential=DefaultAzureCredential(),
+            retry_total=SDK_RETRY_TOTAL)
 
-    return EventHubsSink(config, count_failure, factory)
+    return EventHubsSink(config, count_failure, factory, send_deadline_from_env())

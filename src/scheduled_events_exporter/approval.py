@@ -1,0 +1,360 @@
+"""Approval rules and decisions (SPEC §7), pure: no I/O, no clock, no threads.
+
+``SEE_APPROVE`` and friends become an :class:`ApprovalConfig` (:func:`parse_approval_config`);
+:func:`decide` says, for one event of a document, whether this VM should approve it, skip it
+(and why), or has nothing to say. The I/O side (hook, POST, its thread) is
+:mod:`scheduled_events_exporter.approver`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC
+from email.utils import format_datetime
+from typing import Final, Literal
+
+from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent
+from scheduled_events_exporter.records import rfc3339
+
+#: Every variable this module reads; any other ``SEE_APPROVE_*`` is a typo worth reporting.
+APPROVE_VARIABLES: Final = (
+    "SEE_APPROVE",
+    "SEE_APPROVE_MULTI",
+    "SEE_APPROVE_DRY_RUN",
+    "SEE_APPROVE_HOOK",
+    "SEE_APPROVE_HOOK_TIMEOUT",
+)
+#: Outcome labels, in the order the metric documentation lists them: ``approved`` and the
+#: ``approval_skipped`` reasons of SPEC §7.
+OUTCOMES: Final = ("approved", "dry_run", "not_leader", "not_self", "hook_failed", "post_failed")
+
+RuleKind = Literal["user", "freeze", "type", "all"]
+Multi = Literal["leader", "any"]
+Outcome = Literal["approved", "dry_run", "not_leader", "not_self", "hook_failed", "post_failed"]
+
+_RULES_EXPECTED: Final = "a comma-separated list of user, freeze<=N, type:<EventType>, all"
+_FREEZE: Final = re.compile(r"freeze\s*<=\s*(\d{1,10})", re.IGNORECASE)
+_EVENT_TYPE: Final = re.compile(r"[A-Za-z][A-Za-z0-9]{0,63}")
+_TRUE: Final = frozenset({"true", "1", "yes"})
+_FALSE: Final = frozenset({"false", "0", "no"})
+_MAX_VALUE: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One ``SEE_APPROVE`` item.
+
+    ``freeze`` uses ``max_duration`` (0 ≤ DurationInSeconds ≤ it, inclusive); ``type`` uses
+    ``event_type`` (compared case-insensitively).
+    """
+
+    kind: RuleKind
+    max_duration: int = 0
+    event_type: str = ""
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling, as reported in approval records (``freeze<=9``)."""
+        if self.kind == "freeze":
+            return f"freeze<={self.max_duration}"
+        if self.kind == "type":
+            return f"type:{self.event_type}"
+        return self.kind
+
+    def matches(self, event: ScheduledEvent) -> bool:
+        """Whether the rule selects ``event`` (status and guard rails are :func:`decide`'s job)."""
+        if self.kind == "all":
+            return True
+        if self.kind == "user":
+            return event.source.casefold() == "user"
+        if self.kind == "freeze":
+            # -1 means "unknown impact": never approve a Freeze whose length nobody told us.
+            return (
+                event.event_type.casefold() == "freeze"
+                and 0 <= event.duration <= self.max_duration
+            )
+        return event.event_type.casefold() == self.event_type.casefold()
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalConfig:
+    """Validated approval settings; ``None`` in place of it means approval is off."""
+
+    rules: tuple[Rule, ...]
+    multi: Multi = "leader"
+    dry_run: bool = False
+    hook: str = ""
+    hook_timeout: float = 60.0
+
+    def describe(self) -> list[str]:
+        """Effective settings as ``VAR=value`` lines (for ``check-config``)."""
+        lines = [
+            f"SEE_APPROVE={','.join(r.text for r in self.rules)}",
+            f"SEE_APPROVE_MULTI={self.multi}",
+            f"SEE_APPROVE_DRY_RUN={'true' if self.dry_run else 'false'}",
+        ]
+        if self.hook:
+            lines.append(f"SEE_APPROVE_HOOK={self.hook}")
+            lines.append(f"SEE_APPROVE_HOOK_TIMEOUT={self.hook_timeout:g}")
+        return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do about one event that matched a rule.
+
+    ``reason`` is the outcome label: ``approved`` for ``action == "approve"``, else the skip
+    reason (``not_self``, ``not_leader``, ``dry_run``). ``detail`` is a short human explanation.
+    """
+
+    event_id: str
+    action: Literal["approve", "skip"]
+    reason: Outcome
+    rule: str
+    detail: str = ""
+
+
+def _show(raw: str) -> str:
+    return repr(raw if len(raw) <= 80 else raw[:77] + "...")
+
+
+def _parse_rules(raw: str) -> tuple[tuple[Rule, ...], list[str]]:
+    value = raw.strip()
+    rules: list[Rule] = []
+    problems: list[str] = []
+
+    def problem(expected: str, item: str) -> None:
+        # Name the offending item only when the value has several: 'x': expected ..., got 'x'
+        # would say the same thing twice.
+        got = "" if item == value else f", got {item!r}"
+        problems.append(f"SEE_APPROVE={_show(raw)}: expected {expected}{got}")
+
+    for part in value.split(","):
+        item = part.strip()
+        word = item.lower()
+        rule: Rule | None = None
+        if not item:
+            problem(f"{_RULES_EXPECTED}, without empty items", item)
+        elif word in ("user", "all"):
+            rule = Rule("user" if word == "user" else "all")
+        elif word.startswith("freeze"):
+            match = _FREEZE.fullmatch(item)
+            if match is None:
+                problem("freeze<=N with N a whole number of seconds >= 0 (e.g. freeze<=9)", item)
+            else:
+                rule = Rule("freeze", max_duration=int(match.group(1)))
+        elif word.startswith("type:"):
+            name = item[len("type:") :].strip()
+            if _EVENT_TYPE.fullmatch(name) is None:
+                problem(
+                    "type:<EventType> with an event type such as Reboot, Redeploy, Freeze, "
+                    "Preempt or Terminate",
+                    item,
+                )
+            else:
+                rule = Rule("type", event_type=name)
+        else:
+            problem(_RULES_EXPECTED, item)
+        if rule is None:
+            continue
+        if rule in rules:
+            problem("each rule once", item)
+            continue
+        rules.append(rule)
+    return tuple(rules), problems
+
+
+def parse_approval_config(env: Mapping[str, str]) -> tuple[ApprovalConfig | None, list[str]]:
+    """Read ``SEE_APPROVE*`` from ``env``.
+
+    Returns ``(None, [])`` when ``SEE_APPROVE`` is unset or empty (approval off), else the
+    config and no problems, or ``None`` and one line per problem in the configuration's usual
+    form ``NAME='value': expected ...``. Set ``SEE_APPROVE_*`` variables without
+    ``SEE_APPROVE``, and unknown ``SEE_APPROVE_*`` names, are problems too: a setting that
+    silently does nothing is worse than a refusal to start.
+    """
+    problems: list[str] = []
+    given = {k: v for k, v in env.items() if k.startswith("SEE_APPROVE") and v.strip()}
+    for name in sorted(given):
+        if name not in APPROVE_VARIABLES and name.startswith("SEE_APPROVE_"):
+            problems.append(
+                f"{name}={_show(given[name])}: expected one of {', '.join(APPROVE_VARIABLES)} "
+                "(unknown approval setting)"
+            )
+        elif len(given[name]) > _MAX_VALUE:
+            problems.append(
+                f"{name}={_show(given[name])}: expected at most {_MAX_VALUE} characters, "
+                f"got {len(given[name])}"
+            )
+    if problems:
+        return None, problems
+    if "SEE_APPROVE" not in given:
+        return None, [
+            f"{name}={_show(given[name])}: expected only together with SEE_APPROVE "
+            "(set SEE_APPROVE to enable approval, or unset this)"
+            for name in APPROVE_VARIABLES[1:]
+            if name in given
+        ]
+
+    rules, problems = _parse_rules(given["SEE_APPROVE"])
+
+    multi: Multi = "leader"
+    raw = given.get("SEE_APPROVE_MULTI", "")
+    if raw.strip().lower() == "any":
+        multi = "any"
+    elif raw and raw.strip().lower() != "leader":
+        problems.append(f"SEE_APPROVE_MULTI={_show(raw)}: expected leader or any")
+
+    dry_run = False
+    raw = given.get("SEE_APPROVE_DRY_RUN", "")
+    if raw.strip().lower() in _TRUE:
+        dry_run = True
+    elif raw and raw.strip().lower() not in _FALSE:
+        problems.append(
+            f"SEE_APPROVE_DRY_RUN={_show(raw)}: expected true or false (or 1/0, yes/no)"
+        )
+
+    hook = given.get("SEE_APPROVE_HOOK", "").strip()
+    if hook:
+        try:
+            # /bin/sh will run it; shlex catches the commonest breakage (an unclosed quote)
+            # at start rather than at the first maintenance event.
+            shlex.split(hook)
+        except ValueError as exc:
+            problems.append(
+                f"SEE_APPROVE_HOOK={_show(hook)}: expected a command line for /bin/sh -c ({exc})"
+            )
+
+    hook_timeout = 60.0
+    raw = given.get("SEE_APPROVE_HOOK_TIMEOUT", "")
+    if raw:
+        try:
+            hook_timeout = float(raw.strip())
+        except ValueError:
+            hook_timeout = math.nan
+        if not (math.isfinite(hook_timeout) and 1.0 <= hook_timeout <= 3600.0):
+            problems.append(
+                f"SEE_APPROVE_HOOK_TIMEOUT={_show(raw)}: expected seconds, a number from 1 to 3600"
+            )
+        elif not hook:
+            problems.append(
+                f"SEE_APPROVE_HOOK_TIMEOUT={_show(raw)}: expected only together with "
+                "SEE_APPROVE_HOOK (there is no hook to time out)"
+            )
+    if problems:
+        return None, problems
+    return ApprovalConfig(rules, multi, dry_run, hook, hook_timeout), []
+
+
+def leader(resources: Iterable[str]) -> str | None:
+    """The VM that approves a multi-VM event: the first name sorted case-insensitively."""
+    # Ties between names differing only in case (not distinct VMs on Azure) break stably.
+    return min(resources, key=lambda r: (r.casefold(), r), default=None)
+
+
+def decide(
+    event: ScheduledEvent,
+    *,
+    vm_name: str,
+    config: ApprovalConfig,
+    already_approved: Collection[str],
+) -> Decision | None:
+    """This VM's approval decision on ``event``, or ``None`` when there is nothing to record.
+
+    ``None`` when no rule matches (no approval record, SPEC §7), when the event is not
+    ``Scheduled`` (a Started event needs no approval and is no longer a decision), and when
+    this exporter already approved it successfully (never POST or report it twice). Otherwise
+    the guard rails apply in this order: ``not_self``, ``not_leader`` (several Resources, this
+    VM not the leader, ``multi == "leader"``), ``dry_run``; and if none refuses, ``approve``.
+
+    Pure: the caller reports each (EventId, reason) once, e.g. with :class:`ReportOnce`, since
+    the same document is offered every poll.
+    """
+    rule = next((r for r in config.rules if r.matches(event)), None)
+    if rule is None or event.status != STATUS_SCHEDULED:
+        # Unknown statuses are tracked like Scheduled but never approved: we cannot know
+        # what a POST would mean for them.
+        return None
+    if event.event_id in already_approved:
+        return None
+    text = rule.text
+
+    def skip(reason: Outcome, detail: str) -> Decision:
+        return Decision(event.event_id, "skip", reason, text, f"{detail} (rule {text})")
+
+    if not event.affects(vm_name):
+        return skip("not_self", f"{vm_name or 'this VM (name unknown)'} is not in Resources")
+    names = {r.casefold() for r in event.resources}
+    first = leader(event.resources)
+    is_leader = (first or "").casefold() == vm_name.casefold()
+    if len(names) > 1 and config.multi == "leader" and not is_leader:
+        return skip("not_leader", f"{first} approves events for {len(names)} VMs")
+    if config.dry_run:
+        return skip("dry_run", "would approve; SEE_APPROVE_DRY_RUN is set")
+    return Decision(event.event_id, "approve", "approved", text, f"rule {text}")
+
+
+class ReportOnce:
+    """Remembers which (EventId, reason) pairs were reported, so a decision repeated on every
+    poll yields one record. Not thread-safe: one owner (the approval worker)."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+
+    def first(self, event_id: str, reason: str) -> bool:
+        """True the first time this pair is seen (and remembers it)."""
+        key = (event_id, reason)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+    def retain(self, event_ids: Collection[str]) -> None:
+        """Forget events no longer in the document (bounds memory over months of events)."""
+        self._seen = {k for k in self._seen if k[0] in event_ids}
+
+
+def event_json(event: ScheduledEvent) -> dict[str, object]:
+    """The event with IMDS field names, as a hook reads it on stdin (NotBefore in RFC 1123)."""
+    if event.not_before is not None:
+        not_before = format_datetime(event.not_before.astimezone(UTC), usegmt=True)
+    else:
+        not_before = event.not_before_raw
+    return {
+        "EventId": event.event_id,
+        "EventStatus": event.status,
+        "EventType": event.event_type,
+        "ResourceType": event.resource_type,
+        "Resources": list(event.resources),
+        "NotBefore": not_before,
+        "Description": event.description,
+        "EventSource": event.source,
+        "DurationInSeconds": event.duration,
+    }
+
+
+def hook_environment(
+    event: ScheduledEvent, base: Mapping[str, str], *, drop: Collection[str] = ()
+) -> dict[str, str]:
+    """``base`` without the names in ``drop`` (the exporter's secrets: a hook never needs the
+    Event Hubs key or OTLP headers, and may well log its environment) plus ``SEE_EVENT_*``."""
+    env = {k: v for k, v in base.items() if k not in drop}
+    env.update(
+        SEE_EVENT_ID=event.event_id,
+        SEE_EVENT_TYPE=event.event_type,
+        SEE_EVENT_STATUS=event.status,
+        SEE_EVENT_SOURCE=event.source,
+        SEE_EVENT_RESOURCES=",".join(event.resources),
+        SEE_EVENT_NOT_BEFORE=rfc3339(event.not_before) if event.not_before else "",
+        SEE_EVENT_DURATION=str(event.duration),
+    )
+    return env
+
+
+def outcome_of(approval_reason: str | None) -> str:
+    """The bare outcome label of an ``approval_skipped`` reason text (``hook_failed: ...``)."""
+    return (approval_reason or "").partition(":")[0].strip()
