@@ -73,6 +73,14 @@ class ExporterProcess:
                     )
                 self._cond.wait(min(remaining, 0.1))
 
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Like :meth:`wait_for` but returns False instead of raising at the deadline."""
+        try:
+            self.wait_for(predicate, timeout, "condition")
+        except AssertionError:
+            return False
+        return True
+
     def records(self) -> list[dict[str, Any]]:
         """The console sink's JSON objects so far."""
         with self._cond:

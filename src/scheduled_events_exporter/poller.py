@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
+from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.imds import ImdsClient, Outcome, PollResult, retry_delay
 from scheduled_events_exporter.model import InstanceInfo
@@ -128,12 +129,16 @@ class Poller:
             self.state = new_state
             # Commit first: once the state says "seen", the records must already be durable
             # (they ride in the state file's outbox until the spools have them).
+            if records:
+                failpoints.hit("before_commit")
             if self._commit is not None:
                 self._commit.commit(new_state, records, self.seq, changed=changed)
             if records:
+                failpoints.hit("after_commit")
                 # Hand over in the same poll that saw the change: this is the detection delay.
                 for sink in self.sinks:
                     sink.submit(records)
+                failpoints.hit("after_spool")
                 for record in records:
                     self.telemetry.record_transition(record)
         elif result.outcome is Outcome.NOT_MODIFIED:

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks import FailureCounter, SinkStatus
 from scheduled_events_exporter.spool import Spool
@@ -197,6 +198,7 @@ class DeliveryWorker:
                 continue
             backoff = BACKOFF_START
             last = batch[-1].seq
+            failpoints.hit("after_deliver")
             self._ack(last)
             with self._cond:
                 while self._queue and self._queue[0].seq <= last:

@@ -1,0 +1,158 @@
+"""kill -9 at every durability step: each transition reaches the sinks exactly once per RecordId.
+
+The exporter is crashed with ``SEE_FAILPOINT`` (``os._exit`` at an exact point: before or after
+the state file is written, after the records are spooled, after a delivery before its ack)
+and restarted; the union of everything the sinks received, de-duplicated by RecordId, must hold
+each expected transition exactly once and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduled_events_exporter.simulator import Simulator
+from tests.exporter_process import ExporterProcess, clean_env, state_dir
+from tests.peers.rotel import RotelReceiver
+
+FAR = "Mon, 11 Apr 2099 22:26:58 GMT"
+
+
+def event(event_id: str, status: str = "Scheduled") -> dict[str, Any]:
+    return {
+        "EventId": event_id,
+        "EventStatus": status,
+        "EventType": "Reboot",
+        "ResourceType": "VirtualMachine",
+        "Resources": ["vm-test"],
+        "NotBefore": FAR if status == "Scheduled" else "",
+        "Description": "",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
+
+
+# (document, the transition it must produce)
+STEPS: list[tuple[list[dict[str, Any]], tuple[str, str]]] = [
+    ([event("A")], ("A", "scheduled")),
+    ([event("A"), event("B")], ("B", "scheduled")),
+    ([event("A", "Started"), event("B")], ("A", "started")),
+    ([event("B")], ("A", "completed")),
+    ([], ("B", "cancelled")),
+    ([event("C", "Started")], ("C", "started")),
+    ([], ("C", "completed")),
+]
+
+
+@pytest.fixture
+def sim() -> Iterator[Simulator]:
+    simulator = Simulator(vm_name="vm-test")
+    simulator.start()
+    yield simulator
+    simulator.stop()
+
+
+def unique(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(EventId, Transition) per distinct RecordId; a RecordId never names two transitions."""
+    seen: dict[str, tuple[str, str]] = {}
+    for r in records:
+        key = (r["EventId"], r["Transition"])
+        assert seen.setdefault(r["RecordId"], key) == key
+    return list(seen.values())
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "before_commit:1",
+        "after_commit:2",
+        "after_spool:3",
+        "after_deliver:4",
+        "before_commit:5",
+        "after_commit:6",
+        "after_spool:7",
+        "after_deliver:2",
+    ],
+)
+@pytest.mark.timeout(120)
+def test_crash_at_each_durability_step(sim: Simulator, tmp_path: Path, failpoint: str) -> None:
+    base = clean_env(
+        SEE_IMDS_ENDPOINT=sim.url,
+        SEE_SINKS="console",
+        SEE_STATE_DIR=state_dir(tmp_path),
+        SEE_HEALTH_ADDR="",
+        SEE_POLL_INTERVAL="0.3",
+    )
+    received: list[dict[str, Any]] = []
+    processes: list[ExporterProcess] = [ExporterProcess({**base, "SEE_FAILPOINT": failpoint})]
+    crashes = 0
+    try:
+        for index, (document, expected) in enumerate(STEPS):
+            sim.set_events(document)
+            deadline = time.monotonic() + 30
+            while expected not in unique(received + processes[-1].records()):
+                current = processes[-1]
+                if current.proc.poll() is not None:
+                    assert current.proc.returncode == 137, current.stderr()
+                    received.extend(current.records())
+                    crashes += 1
+                    processes.append(ExporterProcess(base))  # restart, no failpoint
+                    continue
+                assert time.monotonic() < deadline, (
+                    f"step {index}: {expected} never arrived; got "
+                    f"{unique(received + current.records())}"
+                )
+                # Woken by each line the exporter prints and by its exit (stdout EOF).
+                current.wait_until(
+                    lambda c=current, e=expected: (
+                        c.proc.poll() is not None or e in unique(received + c.records())
+                    ),
+                    timeout=1.0,
+                )
+        final = processes[-1]
+        assert final.terminate() == 0
+        received.extend(final.records())
+    finally:
+        for process in processes:
+            process.kill()
+    assert crashes == 1, f"the failpoint {failpoint} was never reached"
+    assert unique(received) == [expected for _, expected in STEPS]
+
+
+@pytest.mark.timeout(120)
+def test_crash_while_the_collector_is_down_then_both_recover(
+    sim: Simulator, tmp_path: Path
+) -> None:
+    receiver = RotelReceiver().start()
+    receiver.stop()  # the collector is down from the start; its ports are known
+    env = clean_env(
+        SEE_IMDS_ENDPOINT=sim.url,
+        SEE_SINKS="otlp",
+        SEE_STATE_DIR=state_dir(tmp_path),
+        SEE_HEALTH_ADDR="",
+        SEE_POLL_INTERVAL="0.3",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.http_endpoint,
+        OTEL_SERVICE_NAME="crash-test",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+    )
+    try:
+        with ExporterProcess(env) as first:
+            sim.set_events([event("A"), event("B")])
+            first.wait_for(
+                lambda: "sink otlp: delivery failed" in first.stderr(), 30, "a failed delivery"
+            )
+            first.kill()
+        sim.set_events([event("B", "Started")])  # while everything is down
+        receiver.start()
+        with ExporterProcess(env) as second:
+            logs = receiver.wait_for_logs(count=4, timeout=60)
+            assert second.terminate() == 0
+    finally:
+        receiver.stop()
+    got = [(r.attributes["azure.scheduled_event.id"], r.event_name.rsplit(".", 1)[1]) for r in logs]
+    assert got == [("A", "scheduled"), ("B", "scheduled"), ("A", "cancelled"), ("B", "started")]
+    assert "azure.scheduled_event.observation_gap" in logs[2].attributes
