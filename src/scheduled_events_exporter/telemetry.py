@@ -7,6 +7,7 @@ with polling and per-event series vanish as soon as the event leaves the snapsho
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -237,8 +238,12 @@ class Telemetry:
         self.snapshot = snapshot
 
     def shutdown(self, timeout: float) -> None:
-        """Flush and stop the metric readers."""
-        self.provider.shutdown(timeout_millis=max(timeout, 0.0) * 1000)
+        """Flush and stop the metric readers; a collector that is down must not fail the exit."""
+        try:
+            self.provider.shutdown(timeout_millis=max(timeout, 0.0) * 1000)
+        except Exception as exc:  # the SDK raises when a reader's last export times out
+            logging.getLogger(__name__).warning("metrics not flushed at shutdown: %s",
+                                                str(exc).splitlines()[0][:200])
 
     # --- observable gauge callbacks (SDK reader thread) ---
 
