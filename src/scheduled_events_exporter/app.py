@@ -13,9 +13,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
+from scheduled_events_exporter.approver import Approver
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
@@ -60,8 +61,14 @@ class StateCommitter:
 
     HEARTBEAT = 60.0
 
-    def __init__(self, store: StateStore, count_failure: Callable[[str, str, int], None]) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        count_failure: Callable[[str, str, int], None],
+        approvals: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
         self._store = store
+        self._approvals = approvals
         self._count_failure = count_failure
         self._last_save = -float("inf")
         self._failing = False
@@ -81,7 +88,14 @@ class StateCommitter:
             if not changed and now - self._last_save < self.HEARTBEAT:
                 return
             try:
-                self._store.save(PersistedState(tracker=state, seq=seq, outbox=records))
+                self._store.save(
+                    PersistedState(
+                        tracker=state,
+                        seq=seq,
+                        outbox=records,
+                        approvals=tuple(sorted(self._approvals())),
+                    )
+                )
             except OSError as exc:
                 if not self._failing:
                     log.error(
@@ -137,7 +151,27 @@ class Exporter:
                 persisted.tracker.incarnation,
                 persisted.tracker.last_good.isoformat() if persisted.tracker.last_good else "never",
             )
-        self.committer = StateCommitter(self.store, self._count_failure) if self.store else None
+        self.approver: Approver | None = None
+        if config.approval is not None:
+            self.approver = Approver(
+                config.approval,
+                endpoint=config.imds_endpoint,
+                timeout=config.imds_timeout,
+                vm_name=lambda: self.poller.instance.vm_name,
+                already_approved=persisted.approvals if persisted else (),
+                clock=self.clock.wall,
+                on_outcome=self.telemetry.record_approval,
+            )
+        approver = self.approver
+        self.committer = (
+            StateCommitter(
+                self.store,
+                self._count_failure,
+                approvals=approver.approved_ids if approver is not None else tuple,
+            )
+            if self.store
+            else None
+        )
         self.poller = Poller(
             config,
             self.client,
@@ -149,6 +183,7 @@ class Exporter:
             clock=self.clock,
             seq=seq,
             commit=self.committer,
+            approver=self.approver,
         )
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(
@@ -191,6 +226,10 @@ class Exporter:
         self._stop_polling.set()
         deadline = time.monotonic() + self.config.shutdown_timeout
         self._thread.join(timeout=min(1.0, self.config.shutdown_timeout))
+        if self.approver is not None:
+            # A hook still running is killed; finished decisions still ship.
+            self.approver.stop(min(2.0, max(0.0, deadline - time.monotonic())))
+            self.poller.flush_approvals()
         if self.committer is not None:
             # Keep "last good document" fresh so the next start measures its gap correctly.
             self.committer.commit(self.poller.state, (), self.poller.seq, changed=True)

@@ -386,9 +386,14 @@ class Approver:
 
     def _report(self, kind: Kind, event: ScheduledEvent, offer: _Offer,
                 status: int | None, reason: str, outcome: str) -> None:
+        # ``reason`` arrives as "<outcome>: <detail>" (or the detail alone when approved):
+        # the record carries the bare SPEC §7 reason and the human detail separately.
+        label, sep, detail = reason.partition(": ")
+        if kind is Kind.APPROVED or not sep:
+            label, detail = ("" if kind is Kind.APPROVED else outcome), reason
         transition = Transition(kind=kind, at=self._clock(), incarnation=offer.incarnation,
                                 event=event, previous_status=None, approval_status=status,
-                                approval_reason=reason)
+                                approval_reason=label or None, approval_detail=detail or None)
         with self._cond:
             self._results.append(transition)
             self._counts[outcome] += 1

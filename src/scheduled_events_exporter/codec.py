@@ -145,6 +145,7 @@ def encode_record(record: TransitionRecord) -> Json:
         "previous_incarnation": t.previous_incarnation,
         "approval_status": t.approval_status,
         "approval_reason": t.approval_reason,
+        "approval_detail": t.approval_detail,
         "instance": {
             "vm_name": record.instance.vm_name,
             "vm_id": record.instance.vm_id,
@@ -183,6 +184,7 @@ def decode_record(data: Mapping[str, Any]) -> TransitionRecord:
         previous_incarnation=data.get("previous_incarnation"),
         approval_status=data.get("approval_status"),
         approval_reason=data.get("approval_reason"),
+        approval_detail=data.get("approval_detail"),
     )
     return TransitionRecord(
         transition=transition,

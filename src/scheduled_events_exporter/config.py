@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_config
+
 SINK_NAMES = ("otlp", "eventhubs", "console")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 REDACTED = "<redacted>"
@@ -71,6 +73,7 @@ class Config:
     otlp_protocol: str = "http/protobuf"
     metric_export_interval: float = 10.0
     log_level: str = "INFO"
+    approval: ApprovalConfig | None = None
 
     @property
     def gap_threshold(self) -> float:
@@ -99,6 +102,7 @@ class Config:
             else:
                 lines.append(f"SEE_EVENTHUB_NAMESPACE={self.eventhub_namespace}")
                 lines.append(f"SEE_EVENTHUB_NAME={self.eventhub_name}")
+        lines.extend(self.approval.describe() if self.approval else ["SEE_APPROVE= (off)"])
         for key in sorted(env):
             if key.startswith(_OTEL_SHOWN_PREFIXES):
                 value = REDACTED if key in SECRET_VARIABLES else env[key]
@@ -229,11 +233,8 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         if problem:
             problems.append(f"SEE_STATE_DIR={_show(str(state_dir))}: {problem}")
 
-    if "SEE_APPROVE" in env and env["SEE_APPROVE"].strip():
-        problems.append(
-            f"SEE_APPROVE={_show(env['SEE_APPROVE'])}: approval is not available in this version "
-            "(see docs/decisions.md); unset it"
-        )
+    approval, approval_problems = parse_approval_config(env)
+    problems.extend(approval_problems)
     if problems:
         raise ConfigError(problems)
     return Config(
@@ -253,6 +254,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         otlp_protocol=protocol,
         metric_export_interval=metric_interval_ms / 1000.0,
         log_level=log_level,
+        approval=approval,
     )
 
 

@@ -98,6 +98,8 @@ class Transition:
     #: For approval records (SPEC §7): HTTP status or skip reason.
     approval_status: int | None = None
     approval_reason: str | None = None
+    #: Human detail of an approval decision (hook exit, POST answer, matching rule).
+    approval_detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

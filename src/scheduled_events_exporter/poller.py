@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from scheduled_events_exporter import failpoints
+from scheduled_events_exporter.approver import Approver
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.imds import ImdsClient, Outcome, PollResult, retry_delay
-from scheduled_events_exporter.model import InstanceInfo
+from scheduled_events_exporter.model import InstanceInfo, Transition
 from scheduled_events_exporter.records import TransitionRecord, make_record
 from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
 from scheduled_events_exporter.tracker import TrackerState, note_unchanged, track
@@ -84,6 +85,7 @@ class Poller:
         clock: Clock | None = None,
         seq: int = 0,
         commit: Committer | None = None,
+        approver: Approver | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -94,6 +96,7 @@ class Poller:
         self.clock = clock or Clock()
         self.seq = seq
         self._commit = commit
+        self.approver = approver
         self._failures = 0
         self._last_outcome: str | None = None
         self.last_outcome: str | None = None
@@ -114,37 +117,23 @@ class Poller:
         self.telemetry.record_request(result.outcome, result.status, result.duration)
         self._log_outcome(result)
         self.last_outcome = result.outcome.value
-        records: tuple[TransitionRecord, ...] = ()
+        transitions: tuple[Transition, ...] = ()
+        changed = False
         if result.outcome is Outcome.OK and result.document is not None:
-            now = self.clock.wall()
             new_state, transitions = track(
-                self.state, result.document, now, gap_threshold=self.config.gap_threshold
+                self.state, result.document, self.clock.wall(),
+                gap_threshold=self.config.gap_threshold,
             )
-            instance = self.instance
-            records = tuple(
-                make_record(t, instance, seq=self.seq + i) for i, t in enumerate(transitions, 1)
-            )
-            self.seq += len(records)
-            changed = bool(records) or new_state.incarnation != self.state.incarnation
+            changed = bool(transitions) or new_state.incarnation != self.state.incarnation
             self.state = new_state
-            # Commit first: once the state says "seen", the records must already be durable
-            # (they ride in the state file's outbox until the spools have them).
-            if records:
-                failpoints.hit("before_commit")
-            if self._commit is not None:
-                self._commit.commit(new_state, records, self.seq, changed=changed)
-            if records:
-                failpoints.hit("after_commit")
-                # Hand over in the same poll that saw the change: this is the detection delay.
-                for sink in self.sinks:
-                    sink.submit(records)
-                failpoints.hit("after_spool")
-                for record in records:
-                    self.telemetry.record_transition(record)
         elif result.outcome is Outcome.NOT_MODIFIED:
             self.state = note_unchanged(self.state, self.clock.wall())
-            if self._commit is not None:
-                self._commit.commit(self.state, (), self.seq, changed=False)
+        if self.approver is not None:
+            # Decisions finished since the last poll ship with this one (the poll thread owns
+            # seq), ahead of the document's own: an approval precedes the start it causes.
+            transitions = (*self.approver.drain(), *transitions)
+        records = self._ship(transitions, changed=changed or bool(transitions),
+                             good=result.outcome.good)
         if result.outcome.good:
             self.last_good_monotonic = now_mono
             self._failures = 0
@@ -156,9 +145,41 @@ class Poller:
                     last_good_monotonic=now_mono,
                 )
             )
+            # Approval needs the real VM name (a scale-set instance name is not the host name).
+            if self.approver is not None and result.document is not None and self.instance.vm_id:
+                self.approver.offer(result.document.events, result.document.incarnation)
         else:
             self._failures += 1
         return result, records
+
+    def _ship(self, transitions: tuple[Transition, ...], *, changed: bool,
+              good: bool) -> tuple[TransitionRecord, ...]:
+        """Commit the state (with the records as its outbox), then hand the records over."""
+        instance = self.instance
+        records = tuple(
+            make_record(t, instance, seq=self.seq + i) for i, t in enumerate(transitions, 1)
+        )
+        self.seq += len(records)
+        if records:
+            failpoints.hit("before_commit")
+        # Commit first: once the state says "seen", the records must already be durable
+        # (they ride in the state file's outbox until the spools have them).
+        if self._commit is not None and (changed or good):
+            self._commit.commit(self.state, records, self.seq, changed=changed)
+        if records:
+            failpoints.hit("after_commit")
+            # Hand over in the same poll that saw the change: this is the detection delay.
+            for sink in self.sinks:
+                sink.submit(records)
+            failpoints.hit("after_spool")
+            for record in records:
+                self.telemetry.record_transition(record)
+        return records
+
+    def flush_approvals(self) -> None:
+        """Ship approval decisions that finished after the last poll (used at shutdown)."""
+        if self.approver is not None:
+            self._ship(tuple(self.approver.drain()), changed=True, good=False)
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""

@@ -40,6 +40,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("ElapsedSeconds", "real"),
     ("Changes", "dynamic"),
     ("ObservationGapSeconds", "real"),
+    ("ApprovalStatus", "int"),
+    ("ApprovalReason", "string"),
     ("VmId", "string"),
     ("VmName", "string"),
     ("ResourceId", "string"),
@@ -99,6 +101,8 @@ def record_id(transition: Transition, vm_key: str) -> str:
             str(transition.previous_incarnation),
             status,
             changes,
+            str(transition.approval_status),
+            transition.approval_reason or "",
         )
     )
     return str(uuid.uuid5(_UID_NAMESPACE, key))
@@ -180,6 +184,8 @@ def to_columns(record: TransitionRecord) -> dict[str, ColumnValue]:
         "ElapsedSeconds": t.elapsed,
         "Changes": changes_object(t) if t.changes else None,
         "ObservationGapSeconds": t.observation_gap,
+        "ApprovalStatus": t.approval_status,
+        "ApprovalReason": t.approval_reason,
         "VmId": inst.vm_id,
         "VmName": inst.vm_name,
         "ResourceId": inst.resource_id,
@@ -235,6 +241,7 @@ def to_attributes(record: TransitionRecord) -> Mapping[str, AttributeValue]:
         p + "previous_incarnation": t.previous_incarnation,
         p + "approval.http_status": t.approval_status,
         p + "approval.reason": t.approval_reason,
+        p + "approval.detail": t.approval_detail,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     if t.changes:

@@ -42,6 +42,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("azure.scheduled_events.imds.duration", "histogram", "s"),
     ("azure.scheduled_events.imds.staleness", "gauge", "s"),
     ("azure.scheduled_events.export.failures", "counter", "{failure}"),
+    ("azure.scheduled_events.approvals", "counter", "{approval}"),
 )
 
 #: Notice histogram buckets (s): 30 s preempt … 15 min … days of degraded-hardware notice.
@@ -199,6 +200,9 @@ class Telemetry:
             description="IMDS request duration",
             explicit_bucket_boundaries_advisory=IMDS_DURATION_BUCKETS,
         )
+        self._approvals = meter.create_counter(
+            m + "approvals", unit="{approval}", description="Approval decisions by outcome"
+        )
         self._failures = meter.create_counter(
             m + "export.failures", unit="{failure}", description="Failed or dropped exports"
         )
@@ -232,6 +236,10 @@ class Telemetry:
     def record_export_failure(self, sink: str, signal: str, count: int = 1) -> None:
         """Count failed or dropped exports by sink and signal."""
         self._failures.add(count, {"sink": sink, "signal": signal})
+
+    def record_approval(self, outcome: str) -> None:
+        """Count one approval decision (approved, dry_run, not_leader, ...)."""
+        self._approvals.add(1, {"outcome": outcome})
 
     def publish(self, snapshot: GaugeSnapshot) -> None:
         """Replace what the gauges report (one reference swap; readers never see a half)."""

@@ -258,11 +258,13 @@ class EventHubsMetricExporter(MetricExporter):
     """An SDK ``MetricExporter``: one JSON snapshot message per export (``RecordKind=metrics``)."""
 
     def __init__(self, sender: HubSender, resource: Callable[[], Resource],
-                 count_failure: FailureCounter) -> None:
+                 count_failure: FailureCounter,
+                 hub_failing: Callable[[], bool] = lambda: False) -> None:
         super().__init__()
         self._sender = sender
         self._resource = resource
         self._count_failure = count_failure
+        self._hub_failing = hub_failing
         self._failing = False
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
@@ -270,6 +272,9 @@ class EventHubsMetricExporter(MetricExporter):
         """Send one snapshot; failures are counted (metrics are re-observed, not spooled)."""
         if self._sender.closed:  # the SDK's last collection at shutdown comes after the sink's
             return MetricExportResult.FAILURE  # shutdown: skipped, it would reopen the client
+        if self._hub_failing():  # transitions are being retried: a snapshot would delay them
+            self._count_failure("eventhubs", "metrics", 1)
+            return MetricExportResult.FAILURE
         attrs = self._resource().attributes
         snapshot = {"TimeGenerated": rfc3339(datetime.now(UTC)), "RecordKind": "metrics",
                     "VmId": str(attrs.get("host.id", "")),
@@ -308,7 +313,8 @@ class EventHubsSink:
         self._resource = Resource.create({})
         self._sender = HubSender(factory, self._partition_key, send_deadline)
         self._reader = PeriodicExportingMetricReader(
-            EventHubsMetricExporter(self._sender, lambda: self._resource, count_failure),
+            EventHubsMetricExporter(self._sender, lambda: self._resource, count_failure,
+                                    lambda: self._worker.status().consecutive_failures > 0),
             export_interval_millis=config.metric_export_interval * 1000,
         )
         self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
