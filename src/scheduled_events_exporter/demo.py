@@ -43,7 +43,13 @@ def main(argv: Sequence[str]) -> int:
         return 2
     simulator = Simulator.for_scenario(scenario)
     simulator.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SEE_", "OTEL_EXPORTER"))}
+    # The demo ignores the user's sink and endpoint settings but honours approval, so
+    # ``SEE_APPROVE=user scheduled-events-exporter demo`` shows the reboot approved and started.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("SEE_APPROVE") or not k.startswith(("SEE_", "OTEL_EXPORTER"))
+    }
     env.update(
         SEE_IMDS_ENDPOINT=simulator.url,
         SEE_SINKS="console",
