@@ -13,6 +13,7 @@ run, tools never installed) or fails (CI, or the tools directory exists but is i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from scheduled_events_exporter.records import COLUMNS
+from scheduled_events_exporter.telemetry import METRICS
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "config"
@@ -329,20 +331,49 @@ class Instrument:
     unit: str
 
 
-#: SPEC §5, as data. The lead may replace :func:`exported_prometheus_names` with names collected
-#: from a real exporter run; everything else reads names through that one function.
-SPEC_INSTRUMENTS: tuple[Instrument, ...] = (
-    Instrument("azure.scheduled_events.pending", "gauge", "{event}"),
-    Instrument("azure.scheduled_events.time_to_not_before", "gauge", "s"),
-    Instrument("azure.scheduled_events.impact_duration", "gauge", "s"),
-    Instrument("azure.scheduled_events.document_incarnation", "gauge", "1"),
-    Instrument("azure.scheduled_events.transitions", "counter", "{transition}"),
-    Instrument("azure.scheduled_events.notice", "histogram", "s"),
-    Instrument("azure.scheduled_events.imds.requests", "counter", "{request}"),
-    Instrument("azure.scheduled_events.imds.duration", "histogram", "s"),
-    Instrument("azure.scheduled_events.imds.staleness", "gauge", "s"),
-    Instrument("azure.scheduled_events.export.failures", "counter", "{failure}"),
-)
+#: The instruments the code declares (``telemetry.METRICS``): SPEC §5 plus the approvals counter.
+SPEC_INSTRUMENTS: tuple[Instrument, ...] = tuple(Instrument(n, k, u) for n, k, u in METRICS)
+
+_KINDS = {"Gauge": "gauge", "Sum": "counter", "Histogram": "histogram"}
+
+
+@functools.cache
+def observed_instruments() -> tuple[Instrument, ...]:
+    """The instruments a real exporter run delivers to a real OTLP collector (rotel).
+
+    The run is arranged so every instrument has a point: a pending user Reboot (per-event
+    gauges, notice), dry-run approval (approvals), and a logs endpoint nobody listens on while
+    metrics reach the collector (export.failures).
+    """
+    from scheduled_events_exporter.simulator import Simulator
+    from tests.exporter_process import ExporterProcess, clean_env, free_port
+    from tests.peers.rotel import RotelReceiver
+
+    wanted = {i.name for i in SPEC_INSTRUMENTS}
+    with Simulator(vm_name="vm-obs") as sim, RotelReceiver() as rotel:
+        sim.set_events([{"EventId": "OBS-1", "EventStatus": "Scheduled", "EventType": "Reboot",
+                         "ResourceType": "VirtualMachine", "Resources": ["vm-obs"],
+                         "NotBefore": "Mon, 11 Apr 2099 22:26:58 GMT", "Description": "",
+                         "EventSource": "User", "DurationInSeconds": 30}])
+        env = clean_env(
+            SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="otlp", SEE_STATE_DIR="", SEE_HEALTH_ADDR="",
+            SEE_POLL_INTERVAL="0.5", SEE_APPROVE="user", SEE_APPROVE_DRY_RUN="true",
+            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"{rotel.http_endpoint}/v1/metrics",
+            OTEL_EXPORTER_OTLP_LOGS_ENDPOINT=f"http://127.0.0.1:{free_port()}/v1/logs",
+            OTEL_EXPORTER_OTLP_TIMEOUT="1", OTEL_METRIC_EXPORT_INTERVAL="1000",
+        )
+        with ExporterProcess(env) as proc:
+            rotel.wait_for_metric(
+                "azure.scheduled_events.export.failures", timeout=60)
+            proc.wait_until(lambda: wanted <= {m.name for m in rotel.metrics}, timeout=30)
+            proc.terminate()
+        seen: dict[str, Instrument] = {}
+        for metric in rotel.metrics:
+            if metric.name.startswith("azure.scheduled_events."):
+                seen[metric.name] = Instrument(metric.name, _KINDS.get(metric.kind, metric.kind),
+                                               metric.unit)
+    return tuple(sorted(seen.values(), key=lambda i: i.name))
+
 
 _UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent", "1": ""}
 
@@ -375,14 +406,15 @@ def _series_names(family: str, kind: str) -> set[str]:
 
 
 def exported_prometheus_names() -> frozenset[str]:
-    """Every sample name a scrape shows for our instruments (histograms: _bucket/_sum/_count).
+    """Every sample name a scrape shows for the instruments a real run exported (histograms:
+    _bucket/_sum/_count).
 
     Names a dashboard or rule may use must come out the same from the Python SDK exporter and from
     the collector's prometheus / prometheusremotewrite exporters, so only names both agree on count.
     """
     python = set()
     collector = set()
-    for inst in SPEC_INSTRUMENTS:
+    for inst in observed_instruments():
         python |= _series_names(prometheus_family(inst), inst.kind)
         collector |= _series_names(prometheus_family(inst, ratio_for_unit_one=True), inst.kind)
     return frozenset(python & collector)
