@@ -190,3 +190,61 @@ def test_fuzz_only_document_errors_escape(body: bytes) -> None:
         return
     assert isinstance(doc.incarnation, int)
     assert all(e.event_id.strip() for e in doc.events)
+
+
+# --- the parser and the tracker together, fed thousands of generated documents ---
+
+event_docs = st.lists(
+    st.fixed_dictionaries(
+        {
+            "EventId": st.sampled_from(["A", "B", "C", "D"]),
+            "EventStatus": st.sampled_from(["Scheduled", "Started", "Odd", ""]),
+        },
+        optional={
+            "NotBefore": st.sampled_from(["", "Thu, 01 Jan 1970 00:00:00 GMT",
+                                          "9999-12-31T23:59:59Z", "garbage", "2030-01-01T00:00Z"]),
+            "DurationInSeconds": st.integers(-(2**70), 2**70),
+            "Resources": st.lists(st.text(max_size=8), max_size=3),
+            "Description": st.text(max_size=50),
+        },
+    ),
+    max_size=4,
+    unique_by=lambda e: e["EventId"],
+)
+chain = st.lists(
+    st.one_of(
+        st.tuples(st.integers(-(2**70), 2**70), event_docs).map(
+            lambda t: raw({"DocumentIncarnation": t[0], "Events": t[1]})
+        ),
+        st.binary(max_size=64),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chain)
+def test_fuzz_parse_then_track_never_raises_and_stays_bounded(bodies: list[bytes]) -> None:
+    import tracemalloc
+    from datetime import timedelta
+
+    from scheduled_events_exporter.tracker import TrackerState, track
+
+    state = TrackerState()
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    tracemalloc.start()
+    try:
+        for body in bodies:
+            now += timedelta(seconds=1)
+            try:
+                doc = parse_document(body)
+            except DocumentError:
+                continue  # an error outcome: the known state must stay as it was
+            state, transitions = track(state, doc, now, gap_threshold=3.0)
+            assert set(state.events) == {e.event_id for e in doc.events}
+            assert all(t.incarnation == doc.incarnation for t in transitions)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 5 * 1024 * 1024
