@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Iterator
@@ -111,6 +112,6 @@ def test_cadence_holds_while_a_hook_sleeps(sim: Simulator, tmp_path: Path) -> No
             if r.path.startswith("/metadata/scheduledevents")
         ]
         assert proc.terminate() == 0
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     assert abs(statistics.median(gaps) - 0.5) <= 0.05, gaps
     assert posts(sim) == []  # the hook never finished, so nothing was approved

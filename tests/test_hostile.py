@@ -137,11 +137,10 @@ def test_secrets_never_appear_in_logs_health_or_check_config(
             60,
             "failures",
         )
-        status, body = get_json(f"http://127.0.0.1:{port}/readyz")
         proc.wait_for(
             lambda: get_json(f"http://127.0.0.1:{port}/readyz")[0] == 503, 20, "sinks failing"
         )
-        status, body = get_json(f"http://127.0.0.1:{port}/readyz")
+        _status, body = get_json(f"http://127.0.0.1:{port}/readyz")
         assert body["sinks"]["otlp"]["failing"] and body["sinks"]["eventhubs"]["pending"] == 1
         assert proc.terminate(timeout=30) == 0, proc.stderr()[-2000:]
     with ExporterProcess(env, args=("check-config",)) as check:

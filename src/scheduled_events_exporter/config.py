@@ -70,6 +70,8 @@ class Config:
     eventhub_connection_string: str = ""
     eventhub_namespace: str = ""
     eventhub_name: str = ""
+    #: Longest one Event Hubs SDK call may take before its client is abandoned.
+    eventhub_send_timeout: float = 60.0
     otlp_protocol: str = "http/protobuf"
     metric_export_interval: float = 10.0
     log_level: str = "INFO"
@@ -102,6 +104,7 @@ class Config:
             else:
                 lines.append(f"SEE_EVENTHUB_NAMESPACE={self.eventhub_namespace}")
                 lines.append(f"SEE_EVENTHUB_NAME={self.eventhub_name}")
+            lines.append(f"SEE_EVENTHUB_SEND_TIMEOUT={self.eventhub_send_timeout:g}")
         lines.extend(self.approval.describe() if self.approval else ["SEE_APPROVE= (off)"])
         for key in sorted(env):
             if key.startswith(_OTEL_SHOWN_PREFIXES):
@@ -191,6 +194,8 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         _implicit_sinks(env, connection_string, namespace),
         "a comma-separated list of otlp, eventhubs, console without repeats",
     )
+    send_timeout = get("SEE_EVENTHUB_SEND_TIMEOUT", seconds(1.0, 600.0), 60.0,
+                       "seconds, a number from 1 to 600")
     if "eventhubs" in sinks:
         problems.extend(_check_eventhubs(connection_string, namespace, hub))
 
@@ -251,6 +256,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         eventhub_connection_string=connection_string,
         eventhub_namespace=namespace,
         eventhub_name=hub,
+        eventhub_send_timeout=send_timeout,
         otlp_protocol=protocol,
         metric_export_interval=metric_interval_ms / 1000.0,
         log_level=log_level,

@@ -12,11 +12,9 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
 from scheduled_events_exporter.sinks.delivery import DeliveryError, DeliveryWorker
-from scheduled_events_exporter.sinks.metrics_json import snapshot_metrics
+from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +44,6 @@ MAX_MESSAGE_BYTES = 48 * 1024
 TRUNCATION_MARK = "…[truncated]"
 #: Longest a single SDK call may take before its client is abandoned.
 SEND_DEADLINE = 60.0
-SEND_TIMEOUT_VARIABLE = "SEE_EVENTHUB_SEND_TIMEOUT"  # overrides it: seconds, 1-600
 #: SDK-internal retries per call. The delivery worker retries with its own backoff, so more
 #: only lengthen each failing call (3, the SDK default, takes ~12 s against a hub that is down)
 #: and delay shutdown; one retry still absorbs a connection the service closed while idle.
@@ -276,14 +273,13 @@ class EventHubsMetricExporter(MetricExporter):
             self._count_failure("eventhubs", "metrics", 1)
             return MetricExportResult.FAILURE
         attrs = self._resource().attributes
-        snapshot = {"TimeGenerated": rfc3339(datetime.now(UTC)), "RecordKind": "metrics",
-                    "VmId": str(attrs.get("host.id", "")),
-                    "VmName": str(attrs.get("host.name", "")),
-                    "Metrics": snapshot_metrics(metrics_data), "RecordId": str(uuid.uuid4()),
-                    "ExporterVersion": __version__}
-        message = Message(_dump(snapshot), {"RecordKind": "metrics"})
+        header = {"TimeGenerated": rfc3339(datetime.now(UTC)), "RecordKind": "metrics",
+                  "VmId": str(attrs.get("host.id", "")), "VmName": str(attrs.get("host.name", "")),
+                  "ExporterVersion": __version__}
+        bodies = snapshot_bodies(header, snapshot_metrics(metrics_data), MAX_MESSAGE_BYTES)
+        messages = [Message(body, {"RecordKind": "metrics"}) for body in bodies]
         try:
-            self._sender.send([message], timeout=timeout_millis / 1000)
+            self._sender.send(messages, timeout=timeout_millis / 1000)
         except DeliveryError as exc:
             if not self._failing and not self._sender.closed:  # once per failure streak
                 log.warning("sink eventhubs: metrics snapshots not sent: %s", exc)
@@ -356,20 +352,6 @@ class EventHubsSink:
         self._sender.send([transition_message(r) for r in records])
 
 
-def send_deadline_from_env() -> float:
-    """:data:`SEND_TIMEOUT_VARIABLE` in seconds (1-600), else :data:`SEND_DEADLINE`."""
-    raw = os.environ.get(SEND_TIMEOUT_VARIABLE, "").strip()
-    try:
-        value = float(raw) if raw else SEND_DEADLINE
-    except ValueError:
-        value = -1.0
-    if 1.0 <= value <= 600.0:  # also rejects nan
-        return value
-    log.warning("%s=%r: expected seconds from 1 to 600; using %g",
-                SEND_TIMEOUT_VARIABLE, raw[:40], SEND_DEADLINE)
-    return SEND_DEADLINE
-
-
 def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> EventHubsSink:
     """Build the sink with a connection string or ``DefaultAzureCredential``."""
     try:
@@ -394,4 +376,4 @@ def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> Even
             eventhub_name=config.eventhub_name, credential=DefaultAzureCredential(),
             retry_total=SDK_RETRY_TOTAL)
 
-    return EventHubsSink(config, count_failure, factory, send_deadline_from_env())
+    return EventHubsSink(config, count_failure, factory, config.eventhub_send_timeout)

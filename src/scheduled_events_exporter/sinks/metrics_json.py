@@ -7,6 +7,10 @@ The shape is ``{instrument name: [point, ...]}`` where a point is ``{"attributes
 
 from __future__ import annotations
 
+import json
+import uuid
+from collections.abc import Mapping
+
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, MetricsData, NumberDataPoint
 
 
@@ -32,3 +36,34 @@ def snapshot_metrics(data: MetricsData) -> dict[str, list[dict[str, object]]]:
                         )
                     points.append(entry)
     return out
+
+
+def _dump(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def snapshot_bodies(
+    header: Mapping[str, object],
+    metrics: Mapping[str, list[dict[str, object]]],
+    max_bytes: int,
+) -> list[bytes]:
+    """The snapshot as one or more JSON bodies of at most ``max_bytes`` each.
+
+    Each body repeats ``header`` (with its own ``RecordId``) and carries a share of the points;
+    hundreds of pending events in a large availability set would otherwise exceed what Log
+    Analytics ingests per message. Sizes are summed per point, so splitting stays linear.
+    """
+    base = len(_dump({**header, "RecordId": str(uuid.uuid4()), "Metrics": {}}))
+    parts: list[dict[str, list[dict[str, object]]]] = [{}]
+    size = base
+    for name, points in metrics.items():
+        name_cost = len(_dump(name)) + 4
+        for point in points:
+            extra = len(_dump(point)) + 1 + (0 if name in parts[-1] else name_cost)
+            if size + extra > max_bytes and parts[-1]:
+                parts.append({})
+                size = base
+                extra = len(_dump(point)) + 1 + name_cost
+            parts[-1].setdefault(name, []).append(point)
+            size += extra
+    return [_dump({**header, "RecordId": str(uuid.uuid4()), "Metrics": part}) for part in parts]
