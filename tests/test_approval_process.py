@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,6 @@ def user_reboot(event_id: str = "USER-1") -> dict[str, Any]:
         "EventSource": "User",
         "DurationInSeconds": -1,
     }
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    simulator = Simulator(vm_name="vm-test")
-    simulator.start()
-    yield simulator
-    simulator.stop()
 
 
 def posts(sim: Simulator) -> list[dict[str, Any]]:

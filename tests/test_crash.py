@@ -9,7 +9,6 @@ each expected transition exactly once and nothing else.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +45,6 @@ STEPS: list[tuple[list[dict[str, Any]], tuple[str, str]]] = [
     ([event("C", "Started")], ("C", "started")),
     ([], ("C", "completed")),
 ]
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    simulator = Simulator(vm_name="vm-test")
-    simulator.start()
-    yield simulator
-    simulator.stop()
 
 
 def unique(records: list[dict[str, Any]]) -> list[tuple[str, str]]:

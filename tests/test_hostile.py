@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +34,6 @@ def event(event_id: str, **extra: Any) -> dict[str, Any]:
         "DurationInSeconds": 5,
         **extra,
     }
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    simulator = Simulator(vm_name="vm-test")
-    simulator.start()
-    yield simulator
-    simulator.stop()
 
 
 def rss_mb(pid: int) -> float:

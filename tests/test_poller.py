@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -68,14 +68,6 @@ class RecordingSink:
     def submit(self, records: Sequence[TransitionRecord]) -> None:
         ticks = self._poller_ref[0].ticks
         self.received.extend((ticks, r) for r in records)
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    simulator = Simulator(vm_name="vm-test")
-    simulator.start()
-    yield simulator
-    simulator.stop()
 
 
 def test_transition_is_handed_to_sinks_in_the_same_poll_that_saw_it(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,6 @@ def freeze(
         "EventSource": "Platform",
         "DurationInSeconds": 5,
     }
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    simulator = Simulator(vm_name="vm-test")
-    simulator.start()
-    yield simulator
-    simulator.stop()
 
 
 def exporter_env(sim: Simulator, tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from scheduled_events_exporter import __version__
-from scheduled_events_exporter.config import ConfigError, load_config
+from scheduled_events_exporter.config import Config, ConfigError, load_config
 
 EXIT_CONFIG = 2
 
@@ -28,12 +28,18 @@ def install_signal_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handle)
 
 
-def _run() -> int:
+def _load() -> Config | None:
     try:
-        config = load_config()
+        return load_config()
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"configuration error: {problem}", file=sys.stderr)
+        return None
+
+
+def _run() -> int:
+    config = _load()
+    if config is None:
         return EXIT_CONFIG
     from scheduled_events_exporter.app import run, setup_logging
 
@@ -44,11 +50,8 @@ def _run() -> int:
 
 
 def _check_config() -> int:
-    try:
-        config = load_config()
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"configuration error: {problem}", file=sys.stderr)
+    config = _load()
+    if config is None:
         return EXIT_CONFIG
     for line in config.describe(os.environ):
         print(line)

@@ -7,13 +7,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from opentelemetry.sdk.metrics.export import MetricReader
-from opentelemetry.sdk.resources import Resource
-
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, to_columns
-from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
-from scheduled_events_exporter.sinks.delivery import DeliveryError, DeliveryWorker
+from scheduled_events_exporter.sinks import FailureCounter
+from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
 
 
 def render(record: TransitionRecord) -> str:
@@ -21,7 +18,7 @@ def render(record: TransitionRecord) -> str:
     return json.dumps(to_columns(record), separators=(",", ":"), ensure_ascii=False)
 
 
-class ConsoleSink:
+class ConsoleSink(WorkerSink):
     """Writes JSON lines to stdout for ``docker logs`` and local runs."""
 
     name = "console"
@@ -30,37 +27,7 @@ class ConsoleSink:
         self, config: Config, count_failure: FailureCounter, stream: TextIO | None = None
     ) -> None:
         self._stream = stream if stream is not None else sys.stdout
-        self._worker = DeliveryWorker(
-            self.name,
-            self._deliver,
-            count_failure,
-            max_records=config.spool_max_records,
-            spool=open_spool(config, self.name),
-        )
-
-    def metric_readers(self) -> Sequence[MetricReader]:
-        """The console carries transitions only."""
-        return ()
-
-    def start(self, resource: Resource) -> None:
-        """Start the writer thread."""
-        self._worker.start()
-
-    def submit(self, records: Sequence[TransitionRecord]) -> None:
-        """Queue records for writing."""
-        self._worker.submit(records)
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until queued lines are written."""
-        return self._worker.flush(timeout)
-
-    def shutdown(self, timeout: float) -> bool:
-        """Write what is queued and stop."""
-        return self._worker.stop(timeout)
-
-    def status(self) -> SinkStatus:
-        """Delivery health."""
-        return self._worker.status()
+        super().__init__(config, count_failure)
 
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
         text = "".join(render(r) + "\n" for r in records)

@@ -16,9 +16,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+
 from scheduled_events_exporter import failpoints
+from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import FailureCounter, SinkStatus
+from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
 from scheduled_events_exporter.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -212,3 +216,52 @@ class DeliveryWorker:
                 self._failures = 0
                 self._last_error = ""
                 self._cond.notify_all()
+
+
+class WorkerSink:
+    """Base of the sinks: everything but ``_deliver`` goes through one :class:`DeliveryWorker`.
+
+    Subclasses set ``name``, implement ``_deliver`` (raise on failure; the worker retries) and
+    may add metric readers or a ``_close`` step.
+    """
+
+    name = ""
+
+    def __init__(self, config: Config, count_failure: FailureCounter) -> None:
+        self._resource = Resource.create({})
+        self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
+                                      max_records=config.spool_max_records,
+                                      spool=open_spool(config, self.name))
+
+    def metric_readers(self) -> Sequence[MetricReader]:
+        """No metrics unless the sink adds a reader."""
+        return ()
+
+    def start(self, resource: Resource) -> None:
+        """Start the worker; ``resource`` describes this VM."""
+        self._resource = resource
+        self._worker.start()
+
+    def submit(self, records: Sequence[TransitionRecord]) -> None:
+        """Queue records for delivery (durably when a spool is configured)."""
+        self._worker.submit(records)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until queued records are delivered."""
+        return self._worker.flush(timeout)
+
+    def shutdown(self, timeout: float) -> bool:
+        """Deliver what is queued within ``timeout``, then release the sink's resources."""
+        done = self._worker.stop(timeout)
+        self._close()
+        return done
+
+    def status(self) -> SinkStatus:
+        """Delivery health."""
+        return self._worker.status()
+
+    def _deliver(self, records: Sequence[TransitionRecord]) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        """Release clients and exporters after the worker stopped."""

@@ -33,8 +33,8 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
-from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
-from scheduled_events_exporter.sinks.delivery import DeliveryError, DeliveryWorker
+from scheduled_events_exporter.sinks import FailureCounter
+from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
 
 log = logging.getLogger(__name__)
@@ -299,50 +299,27 @@ class EventHubsMetricExporter(MetricExporter):
         """The sink closes the shared sender (first: the SDK's last collection is skipped)."""
 
 
-class EventHubsSink:
+class EventHubsSink(WorkerSink):
     """Transitions and metric snapshots to one event hub, partitioned by VM id."""
 
     name = "eventhubs"
 
     def __init__(self, config: Config, count_failure: FailureCounter, factory: ClientFactory,
                  send_deadline: float = SEND_DEADLINE) -> None:
-        self._resource = Resource.create({})
         self._sender = HubSender(factory, self._partition_key, send_deadline)
         self._reader = PeriodicExportingMetricReader(
             EventHubsMetricExporter(self._sender, lambda: self._resource, count_failure,
                                     lambda: self._worker.status().consecutive_failures > 0),
             export_interval_millis=config.metric_export_interval * 1000,
         )
-        self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
-                                      max_records=config.spool_max_records,
-                                      spool=open_spool(config, self.name))
+        super().__init__(config, count_failure)
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """The periodic snapshot reader."""
         return (self._reader,)
 
-    def start(self, resource: Resource) -> None:
-        """Start the worker; ``resource`` gives the partition key (``host.id``)."""
-        self._resource = resource
-        self._worker.start()
-
-    def submit(self, records: Sequence[TransitionRecord]) -> None:
-        """Queue records for sending."""
-        self._worker.submit(records)
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until queued records are sent."""
-        return self._worker.flush(timeout)
-
-    def shutdown(self, timeout: float) -> bool:
-        """Send what is queued within ``timeout``, then close the client (within ~1 s more)."""
-        done = self._worker.stop(timeout)
-        self._sender.close(timeout=1.0)
-        return done
-
-    def status(self) -> SinkStatus:
-        """Delivery health."""
-        return self._worker.status()
+    def _close(self) -> None:
+        self._sender.close(timeout=1.0)  # within ~1 s more, however stuck the SDK is
 
     def _partition_key(self) -> str:
         attrs = self._resource.attributes

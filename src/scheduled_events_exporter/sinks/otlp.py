@@ -20,14 +20,13 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
-from scheduled_events_exporter.sinks.delivery import DeliveryError, DeliveryWorker
+from scheduled_events_exporter.sinks import FailureCounter
+from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
 from scheduled_events_exporter.telemetry import SCOPE_NAME, to_log_record
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ class CountingMetricExporter(MetricExporter):
         self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
-class OtlpSink:
+class OtlpSink(WorkerSink):
     """Transition records as OTel log records, and the metrics, over OTLP."""
 
     name = "otlp"
@@ -105,41 +104,15 @@ class OtlpSink:
             export_interval_millis=config.metric_export_interval * 1000,
         )
         self._scope = InstrumentationScope(SCOPE_NAME, __version__)
-        self._resource = Resource.create({})
-        self._worker = DeliveryWorker(
-            self.name,
-            self._deliver,
-            count_failure,
-            max_records=config.spool_max_records,
-            spool=open_spool(config, self.name),
-        )
+        super().__init__(config, count_failure)
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """The periodic OTLP metric reader."""
         return (self._reader,)
 
-    def start(self, resource: Resource) -> None:
-        """Start the log worker with this VM's resource."""
-        self._resource = resource
-        self._worker.start()
-
-    def submit(self, records: Sequence[TransitionRecord]) -> None:
-        """Queue transition records; the worker exports them right away."""
-        self._worker.submit(records)
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until queued records are exported."""
-        return self._worker.flush(timeout)
-
-    def shutdown(self, timeout: float) -> bool:
-        """Export what is queued, then stop the log exporter (metrics stop with the provider)."""
-        done = self._worker.stop(timeout)
+    def _close(self) -> None:
+        # Metrics stop with the MeterProvider; the log exporter is ours to close.
         self._log_exporter.shutdown()
-        return done
-
-    def status(self) -> SinkStatus:
-        """Delivery health of the log pipeline."""
-        return self._worker.status()
 
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
         batch = [to_log_record(r, self._resource, self._scope) for r in records]
