@@ -139,7 +139,7 @@ class Exporter:
         persisted = self.store.load() if self.store else None
         seq = persisted.seq if persisted else 0
         for sink in self.sinks:
-            sink.start(self.telemetry.resource)
+            sink.start(self.telemetry.resource, self.telemetry.per_event_metrics)
             if persisted and persisted.outbox:
                 # Repair a crash between committing the state and spooling its records.
                 sink.submit(persisted.outbox)

@@ -8,7 +8,9 @@ with an integer ``DocumentIncarnation`` and a list of well-formed events is an e
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Final
@@ -39,11 +41,30 @@ def excerpt(raw: bytes) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
+_RFC1123 = re.compile(
+    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (\d{2}) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
+    r"(\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT"
+)
+_MONTHS: Final = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+
+
+@functools.lru_cache(maxsize=4096)
 def parse_not_before(text: str) -> datetime | None:
     """NotBefore as RFC 1123 (documented), ISO 8601/RFC 3339, or empty → UTC datetime or None.
 
-    Returns ``None`` for empty or unparseable text; the caller keeps the raw text.
+    Returns ``None`` for empty or unparseable text; the caller keeps the raw text. The
+    documented form takes a fast path, and results are cached: the same NotBefore comes back
+    in every changed document while its event is pending.
     """
+    match = _RFC1123.fullmatch(text)
+    if match is not None:
+        day, month, year, hour, minute, second = match.groups()
+        try:
+            return datetime(int(year), _MONTHS[month], int(day), int(hour), int(minute),
+                            int(second), tzinfo=UTC)
+        except ValueError:
+            return None
     text = text.strip()
     if not text or len(text) > 64:
         return None

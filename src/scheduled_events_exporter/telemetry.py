@@ -18,7 +18,15 @@ from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Metric,
+    MetricReader,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+)
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -63,6 +71,24 @@ IMDS_DURATION_BUCKETS = (
     10,
     130,
 )
+
+
+def add_metrics(data: MetricsData, extra: Sequence[Metric]) -> MetricsData:
+    """``data`` with ``extra`` appended to this exporter's instrumentation scope."""
+    if not extra:
+        return data
+    if not data.resource_metrics:
+        return data  # nothing was collected at all (no resource to attach to)
+    first, *rest = data.resource_metrics
+    scopes = list(first.scope_metrics)
+    for index, scope_metrics in enumerate(scopes):
+        if scope_metrics.scope.name == SCOPE_NAME:
+            scopes[index] = ScopeMetrics(scope_metrics.scope, [*scope_metrics.metrics, *extra],
+                                         scope_metrics.schema_url)
+            break
+    else:
+        scopes.append(ScopeMetrics(InstrumentationScope(SCOPE_NAME, __version__), list(extra), ""))
+    return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
 
 
 def severity(record: TransitionRecord) -> tuple[SeverityNumber, str]:
@@ -158,18 +184,7 @@ class Telemetry:
             unit="{event}",
             description="Events currently in the document",
         )
-        meter.create_observable_gauge(
-            m + "time_to_not_before",
-            [self._time_to_not_before],
-            unit="s",
-            description="Seconds until NotBefore",
-        )
-        meter.create_observable_gauge(
-            m + "impact_duration",
-            [self._impact],
-            unit="s",
-            description="DurationInSeconds of pending events",
-        )
+        # time_to_not_before and impact_duration are not SDK instruments: see per_event_metrics.
         meter.create_observable_gauge(
             m + "document_incarnation",
             [self._incarnation],
@@ -241,6 +256,38 @@ class Telemetry:
         """Count one approval decision (approved, dry_run, not_leader, ...)."""
         self._approvals.add(1, {"outcome": outcome})
 
+    def per_event_metrics(self) -> list[Metric]:
+        """The per-event gauges, built from the current snapshot at export time.
+
+        They are not SDK instruments on purpose: the SDK keeps every attribute set an
+        asynchronous instrument ever reported (and caps them at 2000, then folds new ones into
+        one overflow point), so per-event series keyed by EventId would grow for the life of
+        the VM. Built here, a series exists exactly while its event is pending.
+        """
+        snap = self.snapshot
+        now = self.wall()
+        now_ns = time.time_ns()
+        countdown = [
+            NumberDataPoint(self._event_attrs(e, snap), 0, now_ns,
+                            (e.not_before - now).total_seconds())
+            for e in snap.events
+            if e.not_before is not None and not e.is_started
+        ]
+        impact = [
+            NumberDataPoint(self._event_attrs(e, snap), 0, now_ns, e.duration)
+            for e in snap.events
+            if e.duration >= 0
+        ]
+        m = "azure.scheduled_events."
+        out = []
+        if countdown:
+            out.append(Metric(m + "time_to_not_before", "Seconds until NotBefore", "s",
+                              Gauge(countdown)))
+        if impact:
+            out.append(Metric(m + "impact_duration", "DurationInSeconds of pending events", "s",
+                              Gauge(impact)))
+        return out
+
     def publish(self, snapshot: GaugeSnapshot) -> None:
         """Replace what the gauges report (one reference swap; readers never see a half)."""
         self.snapshot = snapshot
@@ -265,23 +312,6 @@ class Telemetry:
         return [
             Observation(n, {"type": t, "status": s, "source": src, "affects_self": a})
             for (t, s, src, a), n in counts.items()
-        ]
-
-    def _time_to_not_before(self, _: CallbackOptions) -> Iterable[Observation]:
-        snap = self.snapshot
-        now = self.wall()
-        return [
-            Observation((e.not_before - now).total_seconds(), self._event_attrs(e, snap))
-            for e in snap.events
-            if e.not_before is not None and not e.is_started
-        ]
-
-    def _impact(self, _: CallbackOptions) -> Iterable[Observation]:
-        snap = self.snapshot
-        return [
-            Observation(e.duration, self._event_attrs(e, snap))
-            for e in snap.events
-            if e.duration >= 0
         ]
 
     def _incarnation(self, _: CallbackOptions) -> Iterable[Observation]:

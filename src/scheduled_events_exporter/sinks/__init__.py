@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics.export import Metric, MetricReader
 from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter.config import Config
@@ -45,8 +45,9 @@ class Sink(Protocol):
         """Metric readers to attach to the MeterProvider (may be empty)."""
         ...
 
-    def start(self, resource: Resource) -> None:
-        """Start the worker; ``resource`` describes this VM for OTel-shaped outputs."""
+    def start(self, resource: Resource, extra_metrics: ExtraMetrics) -> None:
+        """Start the worker; ``resource`` describes this VM for OTel-shaped outputs and
+        ``extra_metrics`` gives metrics built at export time (the per-event gauges)."""
         ...
 
     def submit(self, records: Sequence[TransitionRecord]) -> None:
@@ -67,6 +68,7 @@ class Sink(Protocol):
 
 
 FailureCounter = Callable[[str, str, int], None]
+ExtraMetrics = Callable[[], Sequence[Metric]]
 
 
 def open_spool(config: Config, sink: str) -> Spool | None:

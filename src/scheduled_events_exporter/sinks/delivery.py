@@ -22,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import FailureCounter, SinkStatus, open_spool
+from scheduled_events_exporter.sinks import ExtraMetrics, FailureCounter, SinkStatus, open_spool
 from scheduled_events_exporter.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -229,6 +229,7 @@ class WorkerSink:
 
     def __init__(self, config: Config, count_failure: FailureCounter) -> None:
         self._resource = Resource.create({})
+        self._extra_metrics: ExtraMetrics = list
         self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
                                       max_records=config.spool_max_records,
                                       spool=open_spool(config, self.name))
@@ -237,9 +238,11 @@ class WorkerSink:
         """No metrics unless the sink adds a reader."""
         return ()
 
-    def start(self, resource: Resource) -> None:
-        """Start the worker; ``resource`` describes this VM."""
+    def start(self, resource: Resource, extra_metrics: ExtraMetrics = list) -> None:
+        """Start the worker; ``resource`` describes this VM, ``extra_metrics`` adds metrics
+        built at export time to this sink's metric exports."""
         self._resource = resource
+        self._extra_metrics = extra_metrics
         self._worker.start()
 
     def submit(self, records: Sequence[TransitionRecord]) -> None:

@@ -33,9 +33,10 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
-from scheduled_events_exporter.sinks import FailureCounter
+from scheduled_events_exporter.sinks import ExtraMetrics, FailureCounter
 from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
+from scheduled_events_exporter.telemetry import add_metrics
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +257,10 @@ class EventHubsMetricExporter(MetricExporter):
 
     def __init__(self, sender: HubSender, resource: Callable[[], Resource],
                  count_failure: FailureCounter,
-                 hub_failing: Callable[[], bool] = lambda: False) -> None:
+                 hub_failing: Callable[[], bool] = lambda: False,
+                 extra: ExtraMetrics = list) -> None:
         super().__init__()
+        self._extra = extra
         self._sender = sender
         self._resource = resource
         self._count_failure = count_failure
@@ -276,7 +279,8 @@ class EventHubsMetricExporter(MetricExporter):
         header = {"TimeGenerated": rfc3339(datetime.now(UTC)), "RecordKind": "metrics",
                   "VmId": str(attrs.get("host.id", "")), "VmName": str(attrs.get("host.name", "")),
                   "ExporterVersion": __version__}
-        bodies = snapshot_bodies(header, snapshot_metrics(metrics_data), MAX_MESSAGE_BYTES)
+        data = add_metrics(metrics_data, self._extra())
+        bodies = snapshot_bodies(header, snapshot_metrics(data), MAX_MESSAGE_BYTES)
         messages = [Message(body, {"RecordKind": "metrics"}) for body in bodies]
         try:
             self._sender.send(messages, timeout=timeout_millis / 1000)
@@ -309,7 +313,8 @@ class EventHubsSink(WorkerSink):
         self._sender = HubSender(factory, self._partition_key, send_deadline)
         self._reader = PeriodicExportingMetricReader(
             EventHubsMetricExporter(self._sender, lambda: self._resource, count_failure,
-                                    lambda: self._worker.status().consecutive_failures > 0),
+                                    lambda: self._worker.status().consecutive_failures > 0,
+                                    lambda: self._extra_metrics()),
             export_interval_millis=config.metric_export_interval * 1000,
         )
         super().__init__(config, count_failure)

@@ -25,9 +25,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import FailureCounter
+from scheduled_events_exporter.sinks import ExtraMetrics, FailureCounter
 from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
-from scheduled_events_exporter.telemetry import SCOPE_NAME, to_log_record
+from scheduled_events_exporter.telemetry import SCOPE_NAME, add_metrics, to_log_record
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +35,14 @@ log = logging.getLogger(__name__)
 class CountingMetricExporter(MetricExporter):
     """Delegates to an SDK metric exporter and counts failed exports."""
 
-    def __init__(self, inner: MetricExporter, sink: str, count_failure: FailureCounter) -> None:
+    def __init__(self, inner: MetricExporter, sink: str, count_failure: FailureCounter,
+                 extra: ExtraMetrics = list) -> None:
         super().__init__(
             preferred_temporality=inner._preferred_temporality,
             preferred_aggregation=inner._preferred_aggregation,
         )
         self._inner = inner
+        self._extra = extra
         self._sink = sink
         self._count_failure = count_failure
         self._failing = False
@@ -50,7 +52,8 @@ class CountingMetricExporter(MetricExporter):
     ) -> MetricExportResult:
         """Export through the wrapped exporter; count and log (once per streak) failures."""
         try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            data = add_metrics(metrics_data, self._extra())
+            result = self._inner.export(data, timeout_millis=timeout_millis, **kwargs)
         except Exception as exc:  # an exporter bug must not kill the SDK's reader thread
             log.error("sink %s: metric export raised %s", self._sink, type(exc).__name__)
             result = MetricExportResult.FAILURE
@@ -100,7 +103,8 @@ class OtlpSink(WorkerSink):
             log_exporter, metric_exporter = HttpLogExporter(), HttpMetricExporter()
         self._log_exporter = log_exporter
         self._reader = PeriodicExportingMetricReader(
-            CountingMetricExporter(metric_exporter, self.name, count_failure),
+            CountingMetricExporter(metric_exporter, self.name, count_failure,
+                                   lambda: self._extra_metrics()),
             export_interval_millis=config.metric_export_interval * 1000,
         )
         self._scope = InstrumentationScope(SCOPE_NAME, __version__)

@@ -1,0 +1,81 @@
+"""Telemetry mapping: per-event series live exactly while their event is pending."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+
+from scheduled_events_exporter.model import ScheduledEvent
+from scheduled_events_exporter.sinks.otlp import CountingMetricExporter
+from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Capture(MetricExporter):
+    """Keeps what it is asked to export (the SDK ships no in-memory exporter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[MetricsData] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        self.exports.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def points(exporter: Capture, name: str) -> list[dict[str, object]]:
+    data = exporter.exports[-1]
+    return [
+        {**dict(p.attributes or {}), "value": p.value}
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+    ]
+
+
+def test_per_event_series_never_accumulate_past_the_sdk_cardinality_limit() -> None:
+    inner = Capture()
+    telemetry: Telemetry
+    reader = PeriodicExportingMetricReader(
+        CountingMetricExporter(inner, "test", lambda *_: None,
+                               extra=lambda: telemetry.per_event_metrics()),
+        export_interval_millis=10**9,
+    )
+    telemetry = Telemetry(readers=[reader], wall=lambda: NOW)
+    try:
+        # More distinct events over a VM's life than the SDK's 2000 attribute sets per
+        # instrument: each export must still show exactly the events pending right then.
+        for i in range(2100):
+            event = ScheduledEvent(f"E{i}", "Scheduled", event_type="Freeze",
+                                   resources=("vm",), not_before=NOW + timedelta(seconds=60),
+                                   duration=5)
+            telemetry.publish(GaugeSnapshot(events=(event,), vm_name="vm"))
+            reader.collect()
+        countdown = points(inner, "azure.scheduled_events.time_to_not_before")
+        assert countdown == [{"azure.scheduled_event.id": "E2099", "type": "Freeze",
+                              "affects_self": True, "value": 60.0}]
+        assert points(inner, "azure.scheduled_events.impact_duration")[0]["value"] == 5
+        telemetry.publish(GaugeSnapshot(events=(), vm_name="vm"))
+        reader.collect()
+        assert points(inner, "azure.scheduled_events.time_to_not_before") == []
+        assert points(inner, "azure.scheduled_events.pending") == [{"value": 0}]
+    finally:
+        telemetry.shutdown(1.0)
