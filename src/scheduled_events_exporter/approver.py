@@ -386,14 +386,10 @@ class Approver:
 
     def _report(self, kind: Kind, event: ScheduledEvent, offer: _Offer,
                 status: int | None, reason: str, outcome: str) -> None:
-        # ``reason`` arrives as "<outcome>: <detail>" (or the detail alone when approved):
-        # the record carries the bare SPEC §7 reason and the human detail separately.
-        label, sep, detail = reason.partition(": ")
-        if kind is Kind.APPROVED or not sep:
-            label, detail = ("" if kind is Kind.APPROVED else outcome), reason
+        label = None if kind is Kind.APPROVED else outcome  # the bare SPEC §7 reason
         transition = Transition(kind=kind, at=self._clock(), incarnation=offer.incarnation,
-                                event=event, previous_status=None, approval_status=status,
-                                approval_reason=label or None, approval_detail=detail or None)
+                                event=event, approval_status=status, approval_reason=label,
+                                approval_detail=reason.removeprefix(f"{outcome}: ") or None)
         with self._cond:
             self._results.append(transition)
             self._counts[outcome] += 1
