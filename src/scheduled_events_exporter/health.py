@@ -128,7 +128,12 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the diagnostic log
 
-        self._server = ThreadingHTTPServer(addr, Handler)
+        try:
+            self._server = ThreadingHTTPServer(addr, Handler)
+        except OSError as exc:
+            raise OSError(f"cannot listen on SEE_HEALTH_ADDR={addr[0]}:{addr[1]} "
+                          f"({exc.strerror or exc}); set another address or empty to disable"
+                          ) from None
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
