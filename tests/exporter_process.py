@@ -39,6 +39,7 @@ class ExporterProcess:
         self.stdout_lines: list[str] = []
         self.stderr_lines: list[str] = []
         self._cond = threading.Condition()
+        self._closed_streams = 0
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "scheduled_events_exporter", *args],
             env=self.env,
@@ -58,7 +59,12 @@ class ExporterProcess:
                 sink.append(line.rstrip("\n"))
                 self._cond.notify_all()
         with self._cond:
+            self._closed_streams += 1
             self._cond.notify_all()
+
+    def wait_for_output_end(self, timeout: float) -> None:
+        """Wait until the process closed stdout and stderr and both were read to the end."""
+        self.wait_for(lambda: self._closed_streams == 2, timeout, "end of output")
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         """Wait until ``predicate()`` holds (re-checked on every line printed, and every 0.1 s)."""
