@@ -10,6 +10,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 node_dir="$here/node"
 
 # Exact pins; bump them here (and nowhere else) on purpose.
+promtool_pin="2.42.0+ds-5+deb12u1"  # Debian bookworm's prometheus (ships promtool)
 npm_pins=(
   "@kusto/language-service-next@12.4.1"
   "@grafana/schema@13.2.3"
@@ -48,6 +49,9 @@ else
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  # Pinned to the version the rules were checked with; Debian replaces a stable package's
+  # version only for security fixes, so fall back to the current one if the pin is gone.
+  apt-get install -y -qq --no-install-recommends "prometheus=$promtool_pin" >/dev/null \
+    || apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   command -v promtool >/dev/null || { echo "promtool still missing after apt-get" >&2; exit 1; }
 fi
