@@ -13,6 +13,7 @@ import pytest
 from scheduled_events_exporter.scenarios import Fault
 from scheduled_events_exporter.simulator import Simulator
 from tests.exporter_process import ExporterProcess, clean_env, free_port, get_json, state_dir
+from tests.peers.rotel import RotelReceiver
 
 FAR = "Mon, 11 Apr 2099 22:26:58 GMT"
 
@@ -34,14 +35,14 @@ def freeze(
 
 
 def exporter_env(sim: Simulator, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return clean_env(
-        SEE_IMDS_ENDPOINT=sim.url,
-        SEE_SINKS="console",
-        SEE_STATE_DIR=state_dir(tmp_path),
-        SEE_HEALTH_ADDR=f"127.0.0.1:{free_port()}",
-        SEE_POLL_INTERVAL="0.5",
-        **extra,
-    )
+    defaults = {
+        "SEE_IMDS_ENDPOINT": sim.url,
+        "SEE_SINKS": "console",
+        "SEE_STATE_DIR": state_dir(tmp_path),
+        "SEE_HEALTH_ADDR": f"127.0.0.1:{free_port()}",
+        "SEE_POLL_INTERVAL": "0.5",
+    }
+    return clean_env(**{**defaults, **extra})
 
 
 def transitions(records: list[dict[str, Any]]) -> list[tuple[str | None, str]]:
@@ -87,7 +88,11 @@ def test_dead_http_proxy_does_not_affect_imds(sim: Simulator, tmp_path: Path) ->
 @pytest.mark.timeout(120)
 def test_fault_storm_leaves_exactly_the_right_transitions(sim: Simulator, tmp_path: Path) -> None:
     sim.push_fault(Fault.gone_for(3.0))
-    with ExporterProcess(exporter_env(sim, tmp_path, SEE_IMDS_TIMEOUT="1")) as proc:
+    rotel = RotelReceiver().start()
+    env = exporter_env(sim, tmp_path, SEE_IMDS_TIMEOUT="1", SEE_SINKS="console,otlp",
+                       OTEL_EXPORTER_OTLP_ENDPOINT=rotel.http_endpoint,
+                       OTEL_SERVICE_NAME="fault-storm")
+    with rotel, ExporterProcess(env) as proc:
         proc.wait_for(lambda: any(r.status == 200 for r in sim.requests), 30, "first document")
         sim.set_events([freeze()])
         proc.wait_for_records(1, timeout=20)
@@ -119,6 +124,14 @@ def test_fault_storm_leaves_exactly_the_right_transitions(sim: Simulator, tmp_pa
         for outcome in ("server_error", "invalid_document", "throttled", "timeout"):
             assert f"IMDS request failed ({outcome})" in stderr, outcome
         assert "410 Gone" in stderr
+        # The same three, and only those, reached the real collector.
+        logs = rotel.wait_for_logs(count=3, timeout=20)
+        assert [r.event_name for r in rotel.logs] == [
+            "azure.scheduled_event.scheduled",
+            "azure.scheduled_event.started",
+            "azure.scheduled_event.completed",
+        ]
+        assert {r.attributes["log.record.uid"] for r in logs} == {r["RecordId"] for r in records}
         assert proc.terminate() == 0
     statuses = [r.status for r in sim.requests]
     assert {410, 500, 429, 200}.issubset(set(statuses))
