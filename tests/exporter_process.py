@@ -128,6 +128,20 @@ class ExporterProcess:
             self.proc.wait(timeout=10)
 
 
+def wait_until(condition: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.02) -> None:
+    """Re-check ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds.
+
+    For conditions nothing notifies about (another process's state); prefer a Condition or
+    :meth:`ExporterProcess.wait_for` when something does.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
 def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
     """GET a JSON endpoint; returns (status, body) for 2xx and 5xx alike."""
     try:

@@ -20,6 +20,7 @@ from scheduled_events_exporter.approver import Approver
 from scheduled_events_exporter.model import Document, Transition, TransitionKind
 from scheduled_events_exporter.parser import parse_document
 from scheduled_events_exporter.simulator import Fault, RequestLogEntry, Simulator
+from tests.exporter_process import wait_until
 
 VM = "vm-sim-0"
 EID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -72,13 +73,6 @@ def poll(sim: Simulator, approver: Approver) -> Document:
 
 def posts(sim: Simulator) -> list[RequestLogEntry]:
     return [r for r in sim.requests if r.method == "POST"]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.01)
 
 
 def is_dead(pid: int) -> bool:

@@ -48,6 +48,7 @@ from tests.exporter_process import (
     free_port,
     get_json,
     state_dir,
+    wait_until,
 )
 from tests.peers.amqp_peer import AmqpPeer, ReceivedMessage
 
@@ -96,15 +97,6 @@ def exporter_env(sim: Simulator, peer: AmqpPeer, tmp_path: Path, **extra: str) -
 
 def readyz(env: dict[str, str]) -> dict[str, Any]:
     return get_json(f"http://{env['SEE_HEALTH_ADDR']}/readyz")[1]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Re-check ``predicate`` every 50 ms until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def scheduled_polls(sim: Simulator) -> int:

@@ -61,7 +61,8 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     fresh = age is not None and age <= inputs.staleness_limit
     sinks: dict[str, object] = {}
     failing: list[str] = []
-    for status in inputs.sink_status():
+    statuses = list(inputs.sink_status())
+    for status in statuses:
         is_failing = status.oldest_wait > inputs.staleness_limit
         if is_failing:
             failing.append(status.name)
@@ -89,7 +90,7 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
         "staleness_limit_seconds": inputs.staleness_limit,
         "imds_last_outcome": inputs.last_outcome(),
         "sinks": sinks,
-        "spool_depth": sum(s.pending for s in inputs.sink_status()),
+        "spool_depth": sum(s.pending for s in statuses),
     }
     return ok, body
 

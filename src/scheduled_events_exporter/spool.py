@@ -14,7 +14,6 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, encode_record
@@ -71,7 +70,7 @@ class Spool:
                     self.sink,
                     skipped,
                 )
-            self._pending = [replace_seq(r, s) for s, r in sorted(pending.items())]
+            self._pending = [r for _, r in sorted(pending.items())]
             return list(self._pending)
 
     def append(self, records: Sequence[TransitionRecord]) -> list[TransitionRecord]:
@@ -136,8 +135,3 @@ def _line_seq(line: bytes) -> int:
     except (ValueError, KeyError, TypeError):
         return -1
     return seq if isinstance(seq, int) else -1
-
-
-def replace_seq(record: TransitionRecord, seq: int) -> TransitionRecord:
-    """The record with its spool sequence number (decoding keeps it too; this is a guard)."""
-    return record if record.seq == seq else replace(record, seq=seq)

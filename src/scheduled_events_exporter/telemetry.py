@@ -266,7 +266,7 @@ class Telemetry:
         """
         snap = self.snapshot
         now = self.wall()
-        now_ns = time.time_ns()
+        now_ns = int(now.timestamp() * 1e9)  # the injected clock, like everything else
         countdown = [
             NumberDataPoint(self._event_attrs(e, snap), 0, now_ns,
                             (e.not_before - now).total_seconds())
