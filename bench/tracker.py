@@ -34,7 +34,7 @@ from benchlib import (
 )
 
 from scheduled_events_exporter.parser import parse_document
-from scheduled_events_exporter.simulator_http import document_response
+from scheduled_events_exporter.simulator.server import document_response
 from scheduled_events_exporter.tracker import TrackerState, track
 
 SIZES = (10, 100, 1000, 10000)

@@ -15,12 +15,11 @@ from scheduled_events_exporter.approval import (
     ReportOnce,
     Rule,
     decide,
-    event_json,
-    hook_environment,
     leader,
     outcome_of,
     parse_approval_config,
 )
+from scheduled_events_exporter.hook import event_json, hook_environment
 from scheduled_events_exporter.model import ScheduledEvent
 
 VM = "vm-a"

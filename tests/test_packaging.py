@@ -36,5 +36,5 @@ def test_wheel_carries_the_scenarios_and_the_console_script(tmp_path: Path) -> N
         assert "scheduled-events-exporter = scheduled_events_exporter.cli:main" in (
             archive.read(entry_points).decode())
     scenarios = {p.name for p in (REPO / "config" / "scenarios").glob("*.json")}
-    packaged = {Path(n).name for n in names if "/scenarios/" in n and n.endswith(".json")}
+    packaged = {Path(n).name for n in names if "/scenario_files/" in n and n.endswith(".json")}
     assert scenarios and packaged == scenarios

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduled_events_exporter.config import load_config
-from scheduled_events_exporter.imds import ImdsClient, Outcome, PollResult, retry_delay
-from scheduled_events_exporter.model import InstanceInfo
+from scheduled_events_exporter.imds import ImdsClient, PollResult, retry_delay
+from scheduled_events_exporter.model import InstanceInfo, Outcome
 from scheduled_events_exporter.poller import Poller, next_due
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.simulator import Simulator

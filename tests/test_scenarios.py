@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from scheduled_events_exporter.scenarios import (
+from scheduled_events_exporter.simulator import PlayedStep, Simulator
+from scheduled_events_exporter.simulator.cli import main
+from scheduled_events_exporter.simulator.scenarios import (
     Scenario,
     ScenarioError,
     list_scenarios,
@@ -24,7 +26,6 @@ from scheduled_events_exporter.scenarios import (
     parse_scenario,
     scenario_dir,
 )
-from scheduled_events_exporter.simulator import PlayedStep, Simulator, main
 
 SE = "/metadata/scheduledevents?api-version=2020-07-01"
 META = {"Metadata": "true"}
@@ -313,7 +314,7 @@ def test_cli_lists_scenarios_and_rejects_bad_input(capsys: pytest.CaptureFixture
 
 
 def test_cli_serves_until_sigterm() -> None:
-    code = ("import sys; from scheduled_events_exporter.simulator import main; "
+    code = ("import sys; from scheduled_events_exporter.simulator.cli import main; "
             "sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "--port", "0", "--scenario", "live-migration",

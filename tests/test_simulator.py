@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from scheduled_events_exporter.simulator import Fault, Simulator, main
+from scheduled_events_exporter.simulator import Fault, Simulator
+from scheduled_events_exporter.simulator.cli import main
 
 SE = "/metadata/scheduledevents?api-version=2020-07-01"
 INSTANCE = "/metadata/instance?api-version=2021-02-01"

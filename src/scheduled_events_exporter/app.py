@@ -8,13 +8,16 @@ IMDS request (the first one may take minutes) therefore never delays shutdown.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from types import FrameType
 
 from scheduled_events_exporter.approver import Approver
 from scheduled_events_exporter.config import Config
@@ -32,6 +35,18 @@ log = logging.getLogger("scheduled_events_exporter")
 
 #: How long start-up waits for instance metadata before polling without it.
 INSTANCE_WAIT = 2.0
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT request a graceful stop; a second one exits at once."""
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
 
 
 def setup_logging(level: str) -> None:

@@ -13,12 +13,9 @@ import re
 import shlex
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC
-from email.utils import format_datetime
 from typing import Final, Literal
 
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent
-from scheduled_events_exporter.records import rfc3339
 
 #: Every variable this module reads; any other ``SEE_APPROVE_*`` is a typo worth reporting.
 APPROVE_VARIABLES: Final = (
@@ -316,43 +313,6 @@ class ReportOnce:
     def retain(self, event_ids: Collection[str]) -> None:
         """Forget events no longer in the document (bounds memory over months of events)."""
         self._seen = {k for k in self._seen if k[0] in event_ids}
-
-
-def event_json(event: ScheduledEvent) -> dict[str, object]:
-    """The event with IMDS field names, as a hook reads it on stdin (NotBefore in RFC 1123)."""
-    if event.not_before is not None:
-        not_before = format_datetime(event.not_before.astimezone(UTC), usegmt=True)
-    else:
-        not_before = event.not_before_raw
-    return {
-        "EventId": event.event_id,
-        "EventStatus": event.status,
-        "EventType": event.event_type,
-        "ResourceType": event.resource_type,
-        "Resources": list(event.resources),
-        "NotBefore": not_before,
-        "Description": event.description,
-        "EventSource": event.source,
-        "DurationInSeconds": event.duration,
-    }
-
-
-def hook_environment(
-    event: ScheduledEvent, base: Mapping[str, str], *, drop: Collection[str] = ()
-) -> dict[str, str]:
-    """``base`` without the names in ``drop`` (the exporter's secrets: a hook never needs the
-    Event Hubs key or OTLP headers, and may well log its environment) plus ``SEE_EVENT_*``."""
-    env = {k: v for k, v in base.items() if k not in drop}
-    env.update(
-        SEE_EVENT_ID=event.event_id,
-        SEE_EVENT_TYPE=event.event_type,
-        SEE_EVENT_STATUS=event.status,
-        SEE_EVENT_SOURCE=event.source,
-        SEE_EVENT_RESOURCES=",".join(event.resources),
-        SEE_EVENT_NOT_BEFORE=rfc3339(event.not_before) if event.not_before else "",
-        SEE_EVENT_DURATION=str(event.duration),
-    )
-    return env
 
 
 def outcome_of(approval_reason: str | None) -> str:

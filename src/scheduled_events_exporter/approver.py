@@ -1,4 +1,5 @@
-"""The approval worker (SPEC §7): hook, then ``POST StartRequests``, on its own thread.
+"""The approval worker (SPEC §7): hook (:mod:`.hook`), then ``POST StartRequests``, on its own
+thread.
 
 The poll thread only calls :meth:`Approver.offer` (keep the latest document, O(1)) and
 :meth:`Approver.drain` (take finished records): a slow hook or retried POST never delays a poll.
@@ -8,18 +9,12 @@ means an event is never handled twice at once.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import selectors
-import signal
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Final
 
 import urllib3
@@ -32,10 +27,8 @@ from scheduled_events_exporter.approval import (
     Decision,
     ReportOnce,
     decide,
-    event_json,
-    hook_environment,
 )
-from scheduled_events_exporter.config import SECRET_VARIABLES
+from scheduled_events_exporter.hook import run_hook
 from scheduled_events_exporter.imds import EVENTS_PATH
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent, Transition
 from scheduled_events_exporter.model import TransitionKind as Kind
@@ -47,34 +40,6 @@ _POST_HEADERS: Final = {"Metadata": "true", "Content-Type": "application/json"}
 RETRY_DELAYS: Final = (1.0, 2.0, 4.0)
 #: Successful approvals remembered (and persisted): years of events for one VM, a few KB.
 MAX_APPROVED: Final = 1000
-_OUTPUT_TAIL: Final = 2048
-
-
-@dataclass(frozen=True, slots=True)
-class HookResult:
-    """How one hook run ended. ``exit_code`` is ``None`` when it timed out or did not start."""
-
-    exit_code: int | None
-    duration: float
-    timed_out: bool = False
-    error: str = ""
-    output: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """Only exit status 0 allows the POST."""
-        return self.exit_code == 0 and not self.timed_out
-
-    def describe(self) -> str:
-        """``exit 3 after 0.2 s``, ``timeout after 1 s (process group killed)``, ..."""
-        took = f"after {self.duration:.1f} s"
-        if self.timed_out:
-            return f"timeout {took} (process group killed)"
-        if self.exit_code is None:
-            return f"could not start: {self.error}"
-        if self.exit_code < 0:
-            return f"killed by signal {-self.exit_code} {took}"
-        return f"exit {self.exit_code} {took}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,77 +71,6 @@ class _Offer:
     seq: int
 
 
-def run_hook(
-    command: str, event: ScheduledEvent, timeout: float, *, cancel: threading.Event
-) -> HookResult:
-    """Run ``/bin/sh -c command`` with the event on stdin; kill its process group at ``timeout``
-    or when ``cancel`` is set. Its output goes to the result (never to our stdout, which is the
-    console sink's)."""
-    started = time.monotonic()
-    try:
-        # Its own session (process group), so a timeout kills whatever it spawned too.
-        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=hook_environment(event, os.environ, drop=SECRET_VARIABLES),
-                                start_new_session=True)
-    except OSError as exc:
-        return HookResult(None, time.monotonic() - started, error=str(exc))
-    assert proc.stdin is not None and proc.stdout is not None
-    pending = json.dumps(event_json(event)).encode() + b"\n"
-    output = bytearray()
-    timed_out = False
-    # One loop feeds stdin, collects output and watches the clock. Not communicate(): it waits
-    # for EOF on stdout, which a background child (`nohup x &`) can hold open long after the
-    # hook itself exited 0.
-    with selectors.DefaultSelector() as sel:
-        for pipe, mask in ((proc.stdin, selectors.EVENT_WRITE),
-                           (proc.stdout, selectors.EVENT_READ)):
-            os.set_blocking(pipe.fileno(), False)
-            sel.register(pipe, mask)
-        while proc.poll() is None:
-            if cancel.is_set() or time.monotonic() >= started + timeout:
-                timed_out = True
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    # The shell is not reaped yet, so its pid (the group id) cannot be reused.
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                break
-            for key, _ in sel.select(0.05):
-                if key.fileobj is proc.stdin:
-                    try:
-                        pending = pending[os.write(proc.stdin.fileno(), pending) :]
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # the hook does not read stdin: fine
-                        pending = b""
-                    if not pending:
-                        sel.unregister(proc.stdin)
-                        proc.stdin.close()
-                elif not _read_into(proc.stdout.fileno(), output):
-                    sel.unregister(proc.stdout)
-        _read_into(proc.stdout.fileno(), output)
-    proc.stdin.close()
-    proc.stdout.close()
-    text = output.decode("utf-8", errors="replace").strip()
-    return HookResult(None if timed_out else proc.returncode, time.monotonic() - started,
-                      timed_out=timed_out, output=text)
-
-
-def _read_into(fd: int, buffer: bytearray) -> bool:
-    """Read what is available; False at EOF. Keeps only the tail (a chatty hook costs no RAM)."""
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        if not chunk:
-            return False
-        buffer += chunk
-        del buffer[:-_OUTPUT_TAIL]
-
-
 class Approver:
     """Approves events on this VM per :class:`ApprovalConfig`; the worker starts at once.
 
@@ -193,7 +87,7 @@ class Approver:
         timeout: float,
         vm_name: Callable[[], str],
         already_approved: Iterable[str],
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
         on_outcome: Callable[[str], None] | None = None,
         retry_delays: Sequence[float] = RETRY_DELAYS,
     ) -> None:

@@ -4,28 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config, ConfigError, load_config
 
 EXIT_CONFIG = 2
-
-
-def install_signal_handlers(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT request a graceful stop; a second one exits at once."""
-
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            os._exit(128 + signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
 
 
 def _load() -> Config | None:
@@ -41,7 +27,7 @@ def _run() -> int:
     config = _load()
     if config is None:
         return EXIT_CONFIG
-    from scheduled_events_exporter.app import run, setup_logging
+    from scheduled_events_exporter.app import install_signal_handlers, run, setup_logging
 
     setup_logging(config.log_level)
     stop = threading.Event()
@@ -75,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     known, rest = parser.parse_known_args(args[:1])
     rest += args[1:]
     if known.command == "simulate":
-        from scheduled_events_exporter.simulator import main as simulate
+        from scheduled_events_exporter.simulator.cli import main as simulate
 
         return simulate(rest)
     if known.command == "demo":

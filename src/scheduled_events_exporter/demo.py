@@ -13,11 +13,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from scheduled_events_exporter.app import Exporter, setup_logging
-from scheduled_events_exporter.cli import install_signal_handlers
+from scheduled_events_exporter.app import Exporter, install_signal_handlers, setup_logging
 from scheduled_events_exporter.config import ConfigError, load_config
-from scheduled_events_exporter.scenarios import ScenarioError, list_scenarios, load_scenario
 from scheduled_events_exporter.simulator import Simulator
+from scheduled_events_exporter.simulator.scenarios import (
+    ScenarioError,
+    list_scenarios,
+    load_scenario,
+)
 
 
 def main(argv: Sequence[str]) -> int:

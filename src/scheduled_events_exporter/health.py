@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from scheduled_events_exporter.sinks import SinkStatus
+from scheduled_events_exporter.sinks.base import SinkStatus
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ protocol trouble, so the poll loop only decides *when* to ask again (:func:`retr
 
 from __future__ import annotations
 
-import enum
 import json
 import random
 import time
@@ -18,7 +17,7 @@ import urllib3
 from urllib3.exceptions import HTTPError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
-from scheduled_events_exporter.model import Document, InstanceInfo
+from scheduled_events_exporter.model import Document, InstanceInfo, Outcome
 from scheduled_events_exporter.parser import (
     MAX_DOCUMENT_BYTES,
     DocumentError,
@@ -29,25 +28,6 @@ from scheduled_events_exporter.parser import (
 EVENTS_PATH: Final = "/metadata/scheduledevents?api-version=2020-07-01"
 INSTANCE_PATH: Final = "/metadata/instance?api-version=2021-02-01"
 _HEADERS: Final = {"Metadata": "true", "Accept": "application/json"}
-
-
-class Outcome(enum.StrEnum):
-    """How one request ended; the value is the ``outcome`` metric attribute."""
-
-    OK = "ok"
-    NOT_MODIFIED = "not_modified"
-    GONE = "gone"
-    THROTTLED = "throttled"
-    SERVER_ERROR = "server_error"
-    CLIENT_ERROR = "client_error"
-    INVALID_DOCUMENT = "invalid_document"
-    TIMEOUT = "timeout"
-    CONNECTION_ERROR = "connection_error"
-
-    @property
-    def good(self) -> bool:
-        """A good document arrived (fresh or unchanged)."""
-        return self in (Outcome.OK, Outcome.NOT_MODIFIED)
 
 
 @dataclass(frozen=True, slots=True)

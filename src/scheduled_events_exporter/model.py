@@ -53,7 +53,36 @@ class Document:
     events: tuple[ScheduledEvent, ...] = ()
 
 
-class TransitionKind(enum.StrEnum):
+class _StrEnum(str, enum.Enum):
+    """``enum.StrEnum`` (3.11+) for Python 3.10: members are their values as strings."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Outcome(_StrEnum):
+    """How one IMDS request ended; the value is the ``outcome`` metric attribute."""
+
+    OK = "ok"
+    NOT_MODIFIED = "not_modified"
+    GONE = "gone"
+    THROTTLED = "throttled"
+    SERVER_ERROR = "server_error"
+    CLIENT_ERROR = "client_error"
+    INVALID_DOCUMENT = "invalid_document"
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+
+    @property
+    def good(self) -> bool:
+        """A good document arrived (fresh or unchanged)."""
+        return self in (Outcome.OK, Outcome.NOT_MODIFIED)
+
+
+class TransitionKind(_StrEnum):
     """Transition names exactly as SPEC §3 spells them."""
 
     SCHEDULED = "scheduled"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Final
 
@@ -45,6 +45,13 @@ _RFC1123 = re.compile(
     r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (\d{2}) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
     r"(\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT"
 )
+# ISO 8601 / RFC 3339 as IMDS-adjacent tools write it. One grammar on every Python: 3.10's
+# datetime.fromisoformat rejects "Z" and most fraction lengths that 3.11 accepts.
+_ISO = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})"
+    r"(?:[Tt ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?)?"
+    r"([Zz]|[+-]\d{2}(?::?\d{2})?)?"
+)
 _MONTHS: Final = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 
@@ -62,7 +69,7 @@ def parse_not_before(text: str) -> datetime | None:
         day, month, year, hour, minute, second = match.groups()
         try:
             return datetime(int(year), _MONTHS[month], int(day), int(hour), int(minute),
-                            int(second), tzinfo=UTC)
+                            int(second), tzinfo=timezone.utc)
         except ValueError:
             return None
     text = text.strip()
@@ -71,8 +78,8 @@ def parse_not_before(text: str) -> datetime | None:
     moment: datetime | None = None
     if text[0].isdigit():
         try:
-            moment = datetime.fromisoformat(text.replace("z", "Z"))
-        except ValueError:
+            moment = _parse_iso(text)
+        except (ValueError, OverflowError):
             return None
     else:
         try:
@@ -83,11 +90,29 @@ def parse_not_before(text: str) -> datetime | None:
         return None
     if moment.tzinfo is None:
         # IMDS times are UTC ("GMT"); a naive ISO value is read the same way.
-        moment = moment.replace(tzinfo=UTC)
+        moment = moment.replace(tzinfo=timezone.utc)
     try:
-        return moment.astimezone(UTC)
+        return moment.astimezone(timezone.utc)
     except (OverflowError, ValueError):
         return None
+
+
+def _parse_iso(text: str) -> datetime | None:
+    match = _ISO.fullmatch(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    micros = int((fraction or "0")[:6].ljust(6, "0"))
+    tz: timezone | None = None
+    if offset is not None:
+        if offset in ("Z", "z"):
+            tz = timezone.utc
+        else:
+            digits = offset[1:].replace(":", "")
+            delta = timedelta(hours=int(digits[:2]), minutes=int(digits[2:] or "0"))
+            tz = timezone(-delta if offset[0] == "-" else delta)
+    return datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0),
+                    int(second or 0), micros, tzinfo=tz)
 
 
 def parse_document(raw: bytes) -> Document:

@@ -12,14 +12,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Protocol
 
 from scheduled_events_exporter import failpoints
-from scheduled_events_exporter.approver import Approver
 from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.imds import ImdsClient, Outcome, PollResult, retry_delay
-from scheduled_events_exporter.model import InstanceInfo, Transition
+from scheduled_events_exporter.imds import ImdsClient, PollResult, retry_delay
+from scheduled_events_exporter.model import InstanceInfo, Outcome, ScheduledEvent, Transition
 from scheduled_events_exporter.records import TransitionRecord, make_record
 from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
 from scheduled_events_exporter.tracker import TrackerState, note_unchanged, track
@@ -50,11 +49,24 @@ class Committer(Protocol):
         ...
 
 
+class ApprovalQueue(Protocol):
+    """The approval worker as the poll loop sees it (``approver.Approver``): offer each good
+    document, collect finished decisions. Both return at once; hooks and POSTs run elsewhere."""
+
+    def offer(self, events: Sequence[ScheduledEvent], incarnation: int) -> None:
+        """Queue the latest document's events for a decision."""
+        ...
+
+    def drain(self) -> list[Transition]:
+        """Approval transitions decided since the last call, in order."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Clock:
     """Injected time sources: wall time for the tracker, monotonic time for scheduling."""
 
-    wall: Callable[[], datetime] = lambda: datetime.now(UTC)
+    wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     monotonic: Callable[[], float] = time.monotonic
 
 
@@ -85,7 +97,7 @@ class Poller:
         clock: Clock | None = None,
         seq: int = 0,
         commit: Committer | None = None,
-        approver: Approver | None = None,
+        approver: ApprovalQueue | None = None,
     ) -> None:
         self.config = config
         self.client = client

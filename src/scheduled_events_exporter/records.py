@@ -13,7 +13,7 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.model import InstanceInfo, Transition, TransitionKind
@@ -79,7 +79,7 @@ class TransitionRecord:
 
 def rfc3339(moment: datetime) -> str:
     """UTC RFC 3339 with millisecond precision and a ``Z`` suffix."""
-    utc = moment.astimezone(UTC)
+    utc = moment.astimezone(timezone.utc)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 

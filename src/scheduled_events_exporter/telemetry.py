@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -31,8 +31,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from scheduled_events_exporter import __version__
-from scheduled_events_exporter.imds import Outcome
-from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, TransitionKind
+from scheduled_events_exporter.model import InstanceInfo, Outcome, ScheduledEvent, TransitionKind
 from scheduled_events_exporter.records import TransitionRecord, body, to_attributes
 
 SCOPE_NAME = "scheduled_events_exporter"
@@ -170,7 +169,7 @@ class Telemetry:
 
     readers: Sequence[MetricReader] = ()
     resource: Resource = field(default_factory=lambda: Resource.create({}))
-    wall: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    wall: Callable[[], datetime] = field(default=lambda: datetime.now(timezone.utc))
     monotonic: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:

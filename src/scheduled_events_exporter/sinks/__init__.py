@@ -1,81 +1,16 @@
 """Sinks: where transition records and metrics go.
 
-A sink is anything with the :class:`Sink` shape. The poll loop only calls :meth:`Sink.submit`
-(non-blocking hand-over); every sink does its I/O on its own worker
-(:class:`~scheduled_events_exporter.sinks.delivery.DeliveryWorker`), so a dead collector or a
-hung Event Hubs client never delays the next poll. Sink modules are imported only when
-configured (:func:`create_sinks`): the gRPC and Event Hubs stacks cost tens of MB.
+:mod:`.base` defines what a sink is; :mod:`.delivery` is the worker every sink delivers with;
+:mod:`.console`, :mod:`.otlp` and :mod:`.eventhubs` are the sinks. Sink modules are imported
+only when configured (:func:`create_sinks`): the gRPC and Event Hubs stacks cost tens of MB.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
-
-from opentelemetry.sdk.metrics.export import Metric, MetricReader
-from opentelemetry.sdk.resources import Resource
-
 from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.spool import Spool
+from scheduled_events_exporter.sinks.base import FailureCounter, Sink, SinkStatus
 
-
-@dataclass(frozen=True, slots=True)
-class SinkStatus:
-    """A sink's delivery health, for logs and ``/readyz``."""
-
-    name: str
-    pending: int
-    #: Seconds the oldest undelivered record has waited (0 when idle).
-    oldest_wait: float
-    consecutive_failures: int
-    last_error: str
-    dropped: int
-    #: Highest record sequence number this sink has seen (spooled or delivered).
-    last_seq: int = 0
-
-
-class Sink(Protocol):
-    """What the poll loop needs from a sink."""
-
-    name: str
-
-    def metric_readers(self) -> Sequence[MetricReader]:
-        """Metric readers to attach to the MeterProvider (may be empty)."""
-        ...
-
-    def start(self, resource: Resource, extra_metrics: ExtraMetrics) -> None:
-        """Start the worker; ``resource`` describes this VM for OTel-shaped outputs and
-        ``extra_metrics`` gives metrics built at export time (the per-event gauges)."""
-        ...
-
-    def submit(self, records: Sequence[TransitionRecord]) -> None:
-        """Hand records over for delivery, in order. Must not block on I/O."""
-        ...
-
-    def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for everything submitted to be delivered."""
-        ...
-
-    def shutdown(self, timeout: float) -> bool:
-        """Deliver what is pending within ``timeout`` and stop. True if nothing was left."""
-        ...
-
-    def status(self) -> SinkStatus:
-        """Current delivery health."""
-        ...
-
-
-FailureCounter = Callable[[str, str, int], None]
-ExtraMetrics = Callable[[], Sequence[Metric]]
-
-
-def open_spool(config: Config, sink: str) -> Spool | None:
-    """The sink's on-disk spool under the state directory (none when state is disabled)."""
-    if config.state_dir is None:
-        return None
-    return Spool(config.state_dir / "spool", sink)
+__all__ = ["Sink", "SinkStatus", "create_sinks"]
 
 
 def create_sinks(config: Config, count_failure: FailureCounter) -> list[Sink]:

@@ -22,7 +22,12 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import ExtraMetrics, FailureCounter, SinkStatus, open_spool
+from scheduled_events_exporter.sinks.base import (
+    ExtraMetrics,
+    FailureCounter,
+    SinkStatus,
+    open_spool,
+)
 from scheduled_events_exporter.spool import Spool
 
 log = logging.getLogger(__name__)

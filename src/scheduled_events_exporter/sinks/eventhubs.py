@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -33,7 +33,7 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
-from scheduled_events_exporter.sinks import ExtraMetrics, FailureCounter
+from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
 from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
 from scheduled_events_exporter.telemetry import add_metrics
@@ -276,7 +276,7 @@ class EventHubsMetricExporter(MetricExporter):
             self._count_failure("eventhubs", "metrics", 1)
             return MetricExportResult.FAILURE
         attrs = self._resource().attributes
-        header = {"TimeGenerated": rfc3339(datetime.now(UTC)), "RecordKind": "metrics",
+        header = {"TimeGenerated": rfc3339(datetime.now(timezone.utc)), "RecordKind": "metrics",
                   "VmId": str(attrs.get("host.id", "")), "VmName": str(attrs.get("host.name", "")),
                   "ExporterVersion": __version__}
         data = add_metrics(metrics_data, self._extra())

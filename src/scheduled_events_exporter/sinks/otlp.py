@@ -25,7 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import ExtraMetrics, FailureCounter
+from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
 from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
 from scheduled_events_exporter.telemetry import SCOPE_NAME, add_metrics, to_log_record
 

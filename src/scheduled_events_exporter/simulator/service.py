@@ -1,39 +1,30 @@
-"""A faithful IMDS Scheduled Events service on loopback, for tests and demos (SPEC §9).
+"""The simulated IMDS service: its state (events, incarnation, faults, request log) and playback.
 
 Standard library only, so it runs wherever the exporter does. Tests drive :class:`Simulator` in
-process; ``scheduled-events-exporter simulate`` (:func:`main`) serves it from the command line.
-The wire rules live in :mod:`scheduled_events_exporter.simulator_http`, the scenario files in
-:mod:`scheduled_events_exporter.scenarios`.
+process; ``scheduled-events-exporter simulate`` (:mod:`.cli`) serves it from the command line.
+The wire rules live in :mod:`.server`, the scenario files in :mod:`.scenarios`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import signal
 import socket
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate
 from http import HTTPStatus
-from types import FrameType, TracebackType
+from types import TracebackType
 
-from scheduled_events_exporter.scenarios import (
+from scheduled_events_exporter.simulator.scenarios import (
     DEFAULT_VM_NAME,
     Fault,
     Scenario,
-    ScenarioError,
     Step,
-    list_scenarios,
-    load_scenario,
 )
-from scheduled_events_exporter.simulator_http import (
-    SCHEDULED_EVENTS_PATH,
+from scheduled_events_exporter.simulator.server import (
     FaultQueue,
     RequestLogEntry,
     Response,
@@ -49,7 +40,7 @@ from scheduled_events_exporter.simulator_http import (
     start_events,
 )
 
-__all__ = ["Fault", "PlayedStep", "RequestLogEntry", "Simulator", "main"]
+__all__ = ["Fault", "PlayedStep", "RequestLogEntry", "Simulator"]
 
 
 @dataclass(frozen=True)
@@ -319,81 +310,3 @@ class Simulator:
             if on_step is not None:
                 on_step(PlayedStep(scenario.name, index, len(scenario.steps), step, incarnation,
                                    tuple(events), time.monotonic() - start))
-
-
-def _print_step(played: PlayedStep) -> None:
-    def one(e: Mapping[str, object]) -> str:
-        resources = e.get("Resources")
-        names = ",".join(map(str, resources)) if isinstance(resources, list) else "?"
-        when = f" NotBefore {e['NotBefore']}" if e.get("NotBefore") else ""
-        return (f"{e.get('EventType', '?')} {e.get('EventStatus', '?')} "
-                f"{str(e.get('EventId'))[:8]} for {names}{when}")
-
-    summary = "; ".join(one(e) for e in played.events) or "no events"
-    note = f" ({played.step.note})" if played.step.note else ""
-    print(f"[{played.elapsed:6.1f} s] {played.scenario} step {played.index + 1}/{played.total}"
-          f"{note}: incarnation {played.incarnation}: {summary}", file=sys.stderr, flush=True)
-    if played.index + 1 == played.total:
-        print(f"[{played.elapsed:6.1f} s] {played.scenario} finished", file=sys.stderr, flush=True)
-
-
-def main(argv: Sequence[str]) -> int:
-    """``scheduled-events-exporter simulate``: serve IMDS until SIGINT/SIGTERM; exit status."""
-    parser = argparse.ArgumentParser(prog="scheduled-events-exporter simulate",
-                                     description="Serve a simulated Azure IMDS on loopback.")
-    parser.add_argument("--host", default="127.0.0.1", help="loopback address only")
-    parser.add_argument("--port", type=int, default=8099, help="TCP port (default %(default)s)")
-    parser.add_argument("--scenario", help="bundled scenario name or path to a scenario .json")
-    parser.add_argument("--speed", type=float, help="speed factor (default: the scenario's)")
-    parser.add_argument("--loop", action="store_true", help="replay the scenario forever")
-    parser.add_argument("--vm-name", help="this VM's name (default: the scenario's)")
-    parser.add_argument("--list", action="store_true", help="list bundled scenarios and exit")
-    try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as exc:  # argparse exits on --help and on errors; the caller wants a code
-        return exc.code if isinstance(exc.code, int) else 2
-    try:
-        if args.list:
-            for name in list_scenarios():
-                sc = load_scenario(name)
-                print(f"{name:24} {sc.real_duration():4.0f} s at x{sc.speed:<4g} {sc.description}")
-            return 0
-        if not is_loopback(args.host):
-            raise ValueError(f"--host must be a loopback address (127.0.0.1, ::1, localhost), "
-                             f"got {args.host!r}")
-        if args.speed is not None and args.speed <= 0:
-            raise ValueError(f"--speed must be > 0, got {args.speed}")
-        scenario = load_scenario(args.scenario) if args.scenario else None
-    except (ScenarioError, ValueError) as exc:
-        print(f"simulate: {exc}", file=sys.stderr)
-        return 2
-    vm_name = args.vm_name or (scenario.vm_name if scenario else DEFAULT_VM_NAME)
-    sim = Simulator(host=args.host, port=args.port, vm_name=vm_name,
-                    instance=scenario.instance if scenario else None)
-    try:
-        sim.start()
-    except OSError as exc:
-        print(f"simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    # Signal handlers can only be set from the main thread; elsewhere the caller stops us.
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, on_signal)
-                for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
-    try:
-        print(f"IMDS simulator for VM {vm_name} at {sim.url} since {formatdate(usegmt=True)}; "
-              f"try: curl -H Metadata:true "
-              f"'{sim.url}{SCHEDULED_EVENTS_PATH}?api-version=2020-07-01'", file=sys.stderr,
-              flush=True)
-        if scenario is not None:
-            sim.play(scenario, speed=args.speed, loop=args.loop, on_step=_print_step)
-        stop.wait()
-    finally:
-        sim.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0

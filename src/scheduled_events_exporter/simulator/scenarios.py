@@ -1,23 +1,29 @@
 """Scenario files for the IMDS simulator (SPEC §9): faults, loading, validation, rendering.
 
 A scenario is a JSON file in ``config/scenarios/`` (shipped inside the package as
-``scheduled_events_exporter/scenarios/*.json``): a list of steps, each replacing the whole Events
-list at a virtual time, played at a speed factor. This module has no HTTP in it; the simulator
-imports it, never the reverse, which is why :class:`Fault` (shared by both) lives here.
+``scheduled_events_exporter/simulator/scenario_files/*.json``): a list of steps, each replacing
+the whole Events list at a virtual time, played at a speed factor. This module has no HTTP in
+it; the simulator imports it, never the reverse, which is why :class:`Fault` (shared by both)
+lives here.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from importlib import resources
-from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, TypeVar, cast
+
+if sys.version_info >= (3, 11):
+    from importlib.resources.abc import Traversable
+else:  # pragma: no cover - Python 3.10
+    from importlib.abc import Traversable
 
 DEFAULT_VM_NAME = "vm-sim-0"
 T = TypeVar("T")
@@ -204,7 +210,7 @@ class Scenario:
 
 def scenario_dir() -> Traversable:
     """The directory holding the bundled scenario files (works installed and in a checkout)."""
-    return resources.files("scheduled_events_exporter") / "scenarios"
+    return resources.files("scheduled_events_exporter.simulator") / "scenario_files"
 
 
 def list_scenarios() -> list[str]:
