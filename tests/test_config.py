@@ -22,8 +22,36 @@ def test_defaults(tmp_path: Path) -> None:
     assert config.poll_interval == 1.0 and config.imds_first_timeout == 130.0
     assert config.imds_timeout == 5.0 and config.sinks == ("console",)
     assert config.health_addr == ("0.0.0.0", 8080) and config.staleness_limit == 30.0
-    assert config.otlp_protocol == "http/protobuf" and config.metric_export_interval == 10.0
+    assert config.otlp_protocol == "http/protobuf" and config.metric_export_interval == 60.0
+    assert config.eventhub_heartbeat == 300.0 and config.eventhub_metrics_name == ""
     assert config.gap_threshold == 3.0
+
+
+def test_eventhub_metrics_hub_and_heartbeat(tmp_path: Path) -> None:
+    config = load_config(env(tmp_path, SEE_EVENTHUB_HEARTBEAT="600",
+                             SEE_EVENTHUB_METRICS_NAME="see-metrics_1.x"))
+    assert config.eventhub_heartbeat == 600.0
+    assert config.eventhub_metrics_name == "see-metrics_1.x"
+
+
+@pytest.mark.parametrize("value", ["0", "9.9", "86401", "nan", "inf", "5m", "-300", "1e400"])
+def test_eventhub_heartbeat_is_validated(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env(tmp_path, SEE_EVENTHUB_HEARTBEAT=value))
+    assert info.value.problems == [
+        f"SEE_EVENTHUB_HEARTBEAT={value!r}: expected seconds between idle metric snapshots, "
+        "a number from 10 to 86400"
+    ]
+
+
+@pytest.mark.parametrize("value", ["-metrics", "metrics-", "a b", "hub/x", "h\u00fcb",
+                                   "x" * 257, "hub;EntityPath=other", "../hub"])
+def test_eventhub_metrics_name_is_validated(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env(tmp_path, SEE_EVENTHUB_METRICS_NAME=value))
+    [problem] = info.value.problems
+    assert problem.startswith("SEE_EVENTHUB_METRICS_NAME=")
+    assert "expected an event hub name" in problem
 
 
 def test_implicit_sinks_follow_what_is_configured(tmp_path: Path) -> None:

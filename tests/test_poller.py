@@ -119,3 +119,31 @@ def test_unchanged_document_is_a_304_and_emits_nothing(sim: Simulator, tmp_path:
     assert sink.received == []
     assert [r.header("If-None-Match") is not None for r in sim.requests[-3:]] == [False, True, True]
     client.close()
+
+
+def test_metrics_changed_after_a_changing_poll_only(sim: Simulator, tmp_path: Path) -> None:
+    config = load_config({"SEE_IMDS_ENDPOINT": sim.url, "SEE_STATE_DIR": str(tmp_path)})
+    client = ImdsClient(sim.url, first_timeout=5, timeout=5)
+    told: list[int] = []
+    ref: list[Poller] = []
+    poller = Poller(config, client, [RecordingSink(ref)], Telemetry(),
+                    instance=InstanceInfo(vm_name="vm-test"),
+                    metrics_changed=lambda: told.append(poller.ticks))
+    ref.append(poller)
+    poller.poll_once()  # the first document: the pending set becomes known
+    assert told == [1]
+    poller.poll_once()  # 304: nothing changed, the heartbeat covers it
+    assert told == [1]
+    event = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze",
+             "Resources": ["vm-test"], "NotBefore": "Mon, 11 Apr 2099 22:26:58 GMT",
+             "DurationInSeconds": 5, "EventSource": "Platform"}
+    sim.set_events([event])
+    poller.poll_once()  # a transition: told in the same poll, after the gauges were published
+    assert told == [1, 3]
+    assert [e.event_id for e in poller.telemetry.snapshot.events] == ["E1"]
+    sim.set_events([event], incarnation=sim.incarnation + 1)
+    poller.poll_once()  # same events, higher incarnation: the incarnation gauge changed
+    assert told == [1, 3, 4]
+    poller.poll_once()
+    assert told == [1, 3, 4]
+    client.close()

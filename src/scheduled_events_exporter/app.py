@@ -199,6 +199,7 @@ class Exporter:
             seq=seq,
             commit=self.committer,
             approver=self.approver,
+            metrics_changed=self._metrics_changed,
         )
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(
@@ -262,6 +263,10 @@ class Exporter:
             self.health.stop()
         self.client.close()
         return drained
+
+    def _metrics_changed(self) -> None:
+        for sink in self.sinks:
+            sink.metrics_changed()
 
     def _count_failure(self, sink: str, signal: str, count: int) -> None:
         if self._telemetry is not None:

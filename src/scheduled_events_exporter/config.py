@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -72,8 +73,13 @@ class Config:
     eventhub_name: str = ""
     #: Longest one Event Hubs SDK call may take before its client is abandoned.
     eventhub_send_timeout: float = 60.0
+    #: Hub for metric snapshots (same namespace and credential); empty: the transitions hub.
+    eventhub_metrics_name: str = ""
+    #: Seconds between Event Hubs metric snapshots while nothing changes.
+    eventhub_heartbeat: float = 300.0
     otlp_protocol: str = "http/protobuf"
-    metric_export_interval: float = 10.0
+    #: Seconds between OTLP metric exports while nothing changes (OTel default 60 s).
+    metric_export_interval: float = 60.0
     log_level: str = "INFO"
     approval: ApprovalConfig | None = None
 
@@ -105,6 +111,9 @@ class Config:
                 lines.append(f"SEE_EVENTHUB_NAMESPACE={self.eventhub_namespace}")
                 lines.append(f"SEE_EVENTHUB_NAME={self.eventhub_name}")
             lines.append(f"SEE_EVENTHUB_SEND_TIMEOUT={self.eventhub_send_timeout:g}")
+            lines.append("SEE_EVENTHUB_METRICS_NAME="
+                         f"{self.eventhub_metrics_name or '(the transitions hub)'}")
+            lines.append(f"SEE_EVENTHUB_HEARTBEAT={self.eventhub_heartbeat:g}")
         lines.extend(self.approval.describe() if self.approval else ["SEE_APPROVE= (off)"])
         for key in sorted(env):
             if key.startswith(_OTEL_SHOWN_PREFIXES):
@@ -196,6 +205,11 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     )
     send_timeout = get("SEE_EVENTHUB_SEND_TIMEOUT", seconds(1.0, 600.0), 60.0,
                        "seconds, a number from 1 to 600")
+    heartbeat = get("SEE_EVENTHUB_HEARTBEAT", seconds(10.0, 86400.0), 300.0,
+                    "seconds between idle metric snapshots, a number from 10 to 86400")
+    metrics_hub = get("SEE_EVENTHUB_METRICS_NAME", _parse_hub_name, "",
+                      "an event hub name (1-256 letters, digits, '.', '-', '_'; starting and "
+                      "ending with a letter or digit)")
     if "eventhubs" in sinks:
         problems.extend(_check_eventhubs(connection_string, namespace, hub))
 
@@ -226,7 +240,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     metric_interval_ms = get(
         "OTEL_METRIC_EXPORT_INTERVAL",
         _bounded_int(1000, 86_400_000),
-        10_000,
+        60_000,
         "milliseconds, an integer from 1000 to 86400000",
     )
 
@@ -257,6 +271,8 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         eventhub_namespace=namespace,
         eventhub_name=hub,
         eventhub_send_timeout=send_timeout,
+        eventhub_metrics_name=metrics_hub,
+        eventhub_heartbeat=heartbeat,
         otlp_protocol=protocol,
         metric_export_interval=metric_interval_ms / 1000.0,
         log_level=log_level,
@@ -277,6 +293,16 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+_HUB_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?")
+
+
+def _parse_hub_name(text: str) -> str:
+    """Event Hubs entity naming rules (letters, digits, '.', '-', '_'; 1-256 characters)."""
+    if not _HUB_NAME.fullmatch(text):
+        raise ValueError(text)
+    return text
 
 
 def _parse_endpoint(text: str) -> str:

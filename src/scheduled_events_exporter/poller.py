@@ -98,6 +98,7 @@ class Poller:
         seq: int = 0,
         commit: Committer | None = None,
         approver: ApprovalQueue | None = None,
+        metrics_changed: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -109,6 +110,9 @@ class Poller:
         self.seq = seq
         self._commit = commit
         self.approver = approver
+        #: Told (non-blocking) after a poll that changed the metrics; sinks export on their
+        #: own threads, so the next poll is never delayed by a collector.
+        self._metrics_changed = metrics_changed
         self._failures = 0
         self._last_outcome: str | None = None
         self.last_outcome: str | None = None
@@ -162,6 +166,8 @@ class Poller:
                 self.approver.offer(result.document.events, result.document.incarnation)
         else:
             self._failures += 1
+        if (changed or records) and self._metrics_changed is not None:
+            self._metrics_changed()
         return result, records
 
     def _ship(self, transitions: tuple[Transition, ...], *, changed: bool,

@@ -89,28 +89,36 @@ class Simulator:
         return cls(host=host, port=port, vm_name=scenario.vm_name, instance=scenario.instance,
                    clock=clock)
 
-    def start(self) -> None:
-        """Bind and serve in a daemon thread; after :meth:`stop` it rebinds the same port."""
+    def start(self, *, serve: bool = True) -> Server:
+        """Bind and serve in a daemon thread; after :meth:`stop` it rebinds the same port.
+
+        With ``serve=False`` only bind, and return the server for a caller that serves many
+        simulators from one thread (:class:`~.fleet.Fleet`).
+        """
         if self._server is not None:
             raise RuntimeError(f"simulator already serving at {self.url}")
         self._stopping.clear()
         server = Server((self._host, self._port), self)
         self._port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="imds-simulator", daemon=True)
-        self._thread.start()
+        if serve:
+            self._thread = threading.Thread(target=server.serve_forever,
+                                            kwargs={"poll_interval": 0.05},
+                                            name="imds-simulator", daemon=True)
+            self._thread.start()
+        return server
 
     def stop(self) -> None:
         """Stop playback and serving, drop open connections; safe to call repeatedly."""
         self.stop_playing()
         with self._lock:
             server, thread, self._server, self._thread = self._server, self._thread, None, None
-        if server is None or thread is None:
+        if server is None:
             return
         self._stopping.set()  # wakes requests sleeping in a delay fault
-        server.shutdown()
-        thread.join()
+        if thread is not None:  # else whoever serves it (a Fleet) stopped serving already
+            server.shutdown()
+            thread.join()
         with self._lock:
             conns = list(self._conns)
         for conn in conns:  # idle keep-alive clients must see the server go, not hang

@@ -1,9 +1,9 @@
 """What every sink is: the :class:`Sink` protocol, its status, and what it is given.
 
 A sink is anything with the :class:`Sink` shape. The poll loop only calls :meth:`Sink.submit`
-(non-blocking hand-over); every sink does its I/O on its own worker
-(:class:`~scheduled_events_exporter.sinks.delivery.DeliveryWorker`), so a dead collector or a
-hung Event Hubs client never delays the next poll.
+and :meth:`Sink.metrics_changed` (non-blocking hand-overs); every sink does its I/O on its own
+worker (:class:`~scheduled_events_exporter.sinks.delivery.DeliveryWorker`) or metric reader,
+so a dead collector or a hung Event Hubs client never delays the next poll.
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ class Sink(Protocol):
 
     def submit(self, records: Sequence[TransitionRecord]) -> None:
         """Hand records over for delivery, in order. Must not block on I/O."""
+        ...
+
+    def metrics_changed(self) -> None:
+        """The last poll changed the metrics (transitions, pending set): export them soon, on
+        the sink's own thread. Must return at once."""
         ...
 
     def flush(self, timeout: float) -> bool:

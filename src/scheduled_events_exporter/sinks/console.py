@@ -29,6 +29,9 @@ class ConsoleSink(WorkerSink):
         self._stream = stream if stream is not None else sys.stdout
         super().__init__(config, count_failure)
 
+    def metrics_changed(self) -> None:
+        """No metrics here."""
+
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
         text = "".join(render(r) + "\n" for r in records)
         try:

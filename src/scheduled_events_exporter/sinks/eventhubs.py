@@ -1,5 +1,11 @@
 """Event Hubs sink (SPEC §8): one flat JSON message per transition, metrics as snapshots.
 
+Transitions go to the hub of ``SEE_EVENTHUB_NAME`` (or the connection string's EntityPath).
+Metric snapshots go to the hub of ``SEE_EVENTHUB_METRICS_NAME`` when it is set (same namespace
+and credential, its own client), else to the transitions hub. Snapshots are sent by an
+:class:`OnChangeMetricReader`: soon after a poll that changed something, otherwise every
+``SEE_EVENTHUB_HEARTBEAT`` seconds (default 300). Their shape is in :mod:`.metrics_json`.
+
 The ``azure-eventhub`` SDK can block for seconds on retries and, against a peer that accepts
 TCP but never answers, forever. Every SDK call runs on a :class:`HubSender` daemon thread with a
 deadline; a client stuck past it is abandoned (its thread never joined) and a fresh client and
@@ -26,7 +32,6 @@ from opentelemetry.sdk.metrics.export import (
     MetricExportResult,
     MetricReader,
     MetricsData,
-    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
 
@@ -36,6 +41,7 @@ from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_colu
 from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
 from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
+from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.telemetry import add_metrics
 
 log = logging.getLogger(__name__)
@@ -304,27 +310,44 @@ class EventHubsMetricExporter(MetricExporter):
 
 
 class EventHubsSink(WorkerSink):
-    """Transitions and metric snapshots to one event hub, partitioned by VM id."""
+    """Transitions to one event hub and metric snapshots to the same or a second hub (one
+    client each), partitioned by VM id."""
 
     name = "eventhubs"
 
     def __init__(self, config: Config, count_failure: FailureCounter, factory: ClientFactory,
-                 send_deadline: float = SEND_DEADLINE) -> None:
+                 send_deadline: float = SEND_DEADLINE,
+                 metrics_factory: ClientFactory | None = None) -> None:
         self._sender = HubSender(factory, self._partition_key, send_deadline)
-        self._reader = PeriodicExportingMetricReader(
-            EventHubsMetricExporter(self._sender, lambda: self._resource, count_failure,
-                                    lambda: self._worker.status().consecutive_failures > 0,
-                                    lambda: self._extra_metrics()),
-            export_interval_millis=config.metric_export_interval * 1000,
+        # With one hub, a snapshot waits while transitions are being retried (it would delay
+        # them on the shared client); a metrics hub has its own client and nothing to wait for.
+        self._metrics_sender = (self._sender if metrics_factory is None else
+                                HubSender(metrics_factory, self._partition_key, send_deadline))
+        shared = metrics_factory is None
+
+        def hub_failing() -> bool:
+            return shared and self._worker.status().consecutive_failures > 0
+
+        self._reader = OnChangeMetricReader(
+            EventHubsMetricExporter(self._metrics_sender, lambda: self._resource, count_failure,
+                                    hub_failing, lambda: self._extra_metrics()),
+            heartbeat=config.eventhub_heartbeat,
+            export_timeout=send_deadline,
         )
         super().__init__(config, count_failure)
 
     def metric_readers(self) -> Sequence[MetricReader]:
-        """The periodic snapshot reader."""
+        """The snapshot reader (on change, else every ``SEE_EVENTHUB_HEARTBEAT``)."""
         return (self._reader,)
+
+    def metrics_changed(self) -> None:
+        """Send a snapshot soon, on the reader's thread (never blocks the caller)."""
+        self._reader.metrics_changed()
 
     def _close(self) -> None:
         self._sender.close(timeout=1.0)  # within ~1 s more, however stuck the SDK is
+        if self._metrics_sender is not self._sender:
+            self._metrics_sender.close(timeout=1.0)
 
     def _partition_key(self) -> str:
         attrs = self._resource.attributes
@@ -346,16 +369,23 @@ def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> Even
         # failures once per streak, without the SDK's multi-line exception texts.
         logging.getLogger("azure").setLevel(logging.WARNING)
 
-    def factory() -> Any:
-        if config.eventhub_connection_string:
-            return EventHubProducerClient.from_connection_string(
-                config.eventhub_connection_string, eventhub_name=config.eventhub_name or None,
+    def client_for(hub: str) -> ClientFactory:
+        def factory() -> Any:
+            if config.eventhub_connection_string:
+                # eventhub_name wins over the connection string's EntityPath (azure-eventhub).
+                return EventHubProducerClient.from_connection_string(
+                    config.eventhub_connection_string, eventhub_name=hub or None,
+                    retry_total=SDK_RETRY_TOTAL)
+            from azure.identity import DefaultAzureCredential
+
+            return EventHubProducerClient(
+                fully_qualified_namespace=config.eventhub_namespace,
+                eventhub_name=hub, credential=DefaultAzureCredential(),
                 retry_total=SDK_RETRY_TOTAL)
-        from azure.identity import DefaultAzureCredential
 
-        return EventHubProducerClient(
-            fully_qualified_namespace=config.eventhub_namespace,
-            eventhub_name=config.eventhub_name, credential=DefaultAzureCredential(),
-            retry_total=SDK_RETRY_TOTAL)
+        return factory
 
-    return EventHubsSink(config, count_failure, factory, config.eventhub_send_timeout)
+    metrics_hub = config.eventhub_metrics_name
+    return EventHubsSink(config, count_failure, client_for(config.eventhub_name),
+                         config.eventhub_send_timeout,
+                         client_for(metrics_hub) if metrics_hub else None)

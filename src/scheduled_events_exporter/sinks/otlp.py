@@ -1,8 +1,10 @@
 """OTLP sink: the SDK's own OTLP exporters, configured only by ``OTEL_EXPORTER_OTLP_*``.
 
 Logs: each handed-over batch is exported at once by this sink's worker (not at the next batch
-timer), and acknowledged only on ``SUCCESS``. Metrics: the SDK's periodic reader drives the
-metric exporter; a thin wrapper counts its failures. gRPC is imported only when selected
+timer), and acknowledged only on ``SUCCESS``. Metrics: an :class:`OnChangeMetricReader` drives
+the SDK's OTLP metric exporter, at once after a poll that changed something and otherwise every
+``OTEL_METRIC_EXPORT_INTERVAL`` (default 60 s, the OpenTelemetry default); a thin wrapper
+counts failures. gRPC is imported only when selected
 (it costs ~15 MB, 6 threads and ~0.35 s of start-up).
 """
 
@@ -18,7 +20,6 @@ from opentelemetry.sdk.metrics.export import (
     MetricExportResult,
     MetricReader,
     MetricsData,
-    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -27,6 +28,7 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
 from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
+from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.telemetry import SCOPE_NAME, add_metrics, to_log_record
 
 log = logging.getLogger(__name__)
@@ -102,17 +104,21 @@ class OtlpSink(WorkerSink):
 
             log_exporter, metric_exporter = HttpLogExporter(), HttpMetricExporter()
         self._log_exporter = log_exporter
-        self._reader = PeriodicExportingMetricReader(
+        self._reader = OnChangeMetricReader(
             CountingMetricExporter(metric_exporter, self.name, count_failure,
                                    lambda: self._extra_metrics()),
-            export_interval_millis=config.metric_export_interval * 1000,
+            heartbeat=config.metric_export_interval,
         )
         self._scope = InstrumentationScope(SCOPE_NAME, __version__)
         super().__init__(config, count_failure)
 
     def metric_readers(self) -> Sequence[MetricReader]:
-        """The periodic OTLP metric reader."""
+        """The on-change OTLP metric reader."""
         return (self._reader,)
+
+    def metrics_changed(self) -> None:
+        """Export the metrics soon, on the reader's thread (never blocks the caller)."""
+        self._reader.metrics_changed()
 
     def _close(self) -> None:
         # Metrics stop with the MeterProvider; the log exporter is ours to close.

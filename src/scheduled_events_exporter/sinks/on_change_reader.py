@@ -1,0 +1,123 @@
+"""A metric reader that exports when the metrics changed, and otherwise on a heartbeat.
+
+Most of an exporter's life is idle: the SDK's ``PeriodicExportingMetricReader`` would export
+the same "nothing happened" snapshot every interval, and would still leave a change waiting up
+to a whole interval. This reader is an SDK :class:`MetricReader` (collection, aggregation,
+temporality and the exporter interface are the SDK's) with its own thread that exports
+
+* soon after :meth:`OnChangeMetricReader.metrics_changed` (the poll loop calls it, without
+  blocking, after a poll that produced transitions or changed the pending set), but never
+  sooner than ``min_gap`` after the previous export, so a document changing every second costs
+  one export per ``min_gap``, not one per poll;
+* otherwise ``heartbeat`` seconds after the previous export, so consumers can tell a silent
+  exporter from an idle one (alerts on silence must allow more than one heartbeat).
+
+Exports run on this reader's thread only, never on the caller's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
+
+log = logging.getLogger(__name__)
+
+#: Shortest time between two exports caused by changes (a change waits at most this long).
+MIN_GAP = 2.0
+
+
+class OnChangeMetricReader(MetricReader):
+    """Export on :meth:`metrics_changed` (rate-limited by ``min_gap``) or every ``heartbeat``."""
+
+    def __init__(self, exporter: MetricExporter, *, heartbeat: float, min_gap: float = MIN_GAP,
+                 export_timeout: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if heartbeat <= 0 or min_gap < 0:
+            raise ValueError(f"heartbeat > 0 and min_gap >= 0 expected, got {heartbeat}, {min_gap}")
+        super().__init__(preferred_temporality=exporter._preferred_temporality,
+                         preferred_aggregation=exporter._preferred_aggregation)
+        self._exporter = exporter
+        self._heartbeat = heartbeat
+        self._min_gap = min_gap
+        self._timeout_ms = export_timeout * 1000
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._changed = False
+        self._stopping = False
+        self._last_export = -float("inf")
+        self._next_heartbeat = clock() + heartbeat
+        #: Exports made so far (heartbeats and changes), for tests and diagnostics.
+        self.exports = 0
+        self._export_lock = threading.Lock()  # the exporter is never called concurrently
+        self._thread = threading.Thread(target=self._run, name="metrics-reader", daemon=True)
+        self._thread.start()
+
+    def metrics_changed(self) -> None:
+        """Ask for an export soon (within ``min_gap``). Returns at once; safe from any thread."""
+        with self._cond:
+            self._changed = True
+            self._cond.notify_all()
+
+    def _due(self) -> float:
+        if self._changed:
+            return min(self._next_heartbeat, self._last_export + self._min_gap)
+        return self._next_heartbeat
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (left := self._due() - self._clock()) > 0:
+                    self._cond.wait(left)
+                if self._stopping:
+                    return
+                self._changed = False
+            self._collect_now()
+            with self._cond:
+                self._last_export = self._clock()
+                self._next_heartbeat = self._last_export + self._heartbeat
+
+    def _collect_now(self) -> None:
+        try:
+            self.collect(timeout_millis=self._timeout_ms)
+        except Exception as exc:  # a collection error must not end the heartbeat
+            log.warning("metric collection failed: %s", str(exc).splitlines()[0][:200]
+                        if str(exc) else type(exc).__name__)
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                         **kwargs: Any) -> None:
+        with self._export_lock:
+            try:
+                self._exporter.export(metrics_data, timeout_millis=timeout_millis)
+            except Exception as exc:  # our exporters count failures; never kill the thread
+                log.warning("metric export raised %s", type(exc).__name__)
+            self.exports += 1
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Collect and export now, on the caller's thread (tests and shutdown only)."""
+        super().force_flush(timeout_millis=timeout_millis)
+        return self._exporter.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        """Stop the thread, make one last export (latest counters), shut the exporter down."""
+        ends = time.monotonic() + timeout_millis / 1000
+        with self._cond:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=max(0.0, ends - time.monotonic()))
+        left_ms = max(0.0, ends - time.monotonic()) * 1000
+        if left_ms > 0:
+            self._collect_now_within(left_ms)
+        self._exporter.shutdown(timeout_millis=max(0.0, ends - time.monotonic()) * 1000)
+
+    def _collect_now_within(self, timeout_ms: float) -> None:
+        try:
+            self.collect(timeout_millis=timeout_ms)
+        except Exception as exc:  # shutdown goes on whatever the last export does
+            log.warning("last metric collection failed: %s", type(exc).__name__)
