@@ -26,12 +26,15 @@ swings by ±0.1 s, so the quick verdict is taken on ``interval / 2 + median pipe
 
 from __future__ import annotations
 
+import argparse
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from benchlib import (
+    BENCH,
     SCHEDULED_EVENTS,
     ExporterProcess,
     SummaryRow,
@@ -63,6 +66,7 @@ class Config:
     protocol: str
     interval: float
     changes: int
+    probe: bool = False
 
     @property
     def label(self) -> str:
@@ -74,12 +78,16 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
     with Simulator() as sim, RotelReceiver() as rotel, temp_state_dir() as state:
         http = config.protocol == "http/protobuf"
         endpoint = rotel.http_endpoint if http else rotel.grpc_endpoint
+        otlp = otlp_env(endpoint, config.protocol)
+        del otlp["OTEL_METRIC_EXPORT_INTERVAL"]  # as a user runs it: metrics on change + 60 s
         env = exporter_env(
             sim.url,
             state,
             SEE_POLL_INTERVAL=f"{config.interval:g}",
-            **otlp_env(endpoint, config.protocol),
+            **otlp,
         )
+        if config.probe:
+            env["PYTHONPATH"] = str(BENCH / "probe_site")
         with ExporterProcess(env) as proc:
             wait_first_poll(sim)
             window: list[dict[str, object]] = []
@@ -103,6 +111,8 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
                 timeout=30,
             )
             proc.terminate()
+            probes = [line.split()[1:4] for line in proc.stderr_lines
+                      if line.startswith("PROBE ")]
         metric_times = sorted({round(m.arrival_time, 2) for m in rotel.metrics})
         polls = sorted(
             e.wall
@@ -116,8 +126,20 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
         t_recv = arrival[event_id]
         # Seconds from the last metric export the collector printed to this poll (diagnostic).
         last_metric = max((m for m in metric_times if m <= t_recv), default=float("nan"))
+        stages = {}
+        if probes:
+            # The stages of the poll that saw this change: from its "fetched" to the next one.
+            fetched = [float(t) for stage, t, _ in probes if stage == "fetched"]
+            start = next((f for f in fetched if f >= t_poll - 0.05), float("nan"))
+            later = [f for f in fetched if f > start]
+            end = later[0] if later else float("inf")
+            for stage, t, _ in probes:
+                if start <= float(t) < end and stage not in stages:
+                    stages[stage] = float(t) - start
+            stages["recv"] = t_recv - start
         samples.append(
             {
+                "stages": stages,
                 "delay": t_recv - t_change,
                 "wait": t_poll - t_change,
                 "pipeline": t_recv - t_poll,
@@ -143,7 +165,52 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
     }
 
 
+def tail_runs(changes: int, repeat: int, probe: bool = False) -> None:
+    """gRPC and http/protobuf side by side at 1 s, ``repeat`` runs each (the issue-11 check)."""
+    rng = random.Random(20261123)
+    results = []
+    for run in range(repeat):
+        for protocol in ("grpc", "http/protobuf"):
+            print(f"run {run + 1}: {protocol} @ 1 s, {changes} changes ...", flush=True)
+            result = measure(Config(protocol, 1.0, changes, probe), rng)
+            results.append({"run": run + 1, **result})
+            if probe:
+                slow = sorted(result["samples"], key=lambda x: -x["pipeline"])[:5]
+                for sample in slow:
+                    print(f"    pipeline {sample['pipeline']:.3f} s: " + ", ".join(
+                        f"{k} {v * 1000:.1f}" for k, v in sorted(sample["stages"].items(),
+                                                                   key=lambda kv: kv[1])),
+                          flush=True)
+    print_table(
+        "Change -> record at rotel, 1 s polls, defaults (seconds)",
+        ["run", "protocol", "n", "median", "p90", "max", "wait max", "pipeline med",
+         "pipeline max"],
+        [[r["run"], r["protocol"], r["changes"], r["delay_median"], r["delay_p90"],
+          r["delay_max"], r["wait_max"], r["pipeline_median"], r["pipeline_max"]]
+         for r in results],
+    )
+    summary = [
+        SummaryRow("e2e_delay", f"max delay, {p} @ 1 s, {repeat} runs x {changes} (s)", "<= 1.2",
+                   " / ".join(f"{r['delay_max']:.3f}" for r in results if r["protocol"] == p),
+                   "poll wait max " + " / ".join(
+                       f"{r['wait_max']:.3f}" for r in results if r["protocol"] == p),
+                   "-", all(r["delay_max"] <= 1.2 for r in results if r["protocol"] == p))
+        for p in ("grpc", "http/protobuf")
+    ]
+    save_results("e2e_delay_tail", {"quick": False, "runs": results}, summary)
+
+
 def main() -> None:
+    if "--tail" in sys.argv:
+        parser = argparse.ArgumentParser(description="gRPC vs http change->record tail")
+        parser.add_argument("--tail", action="store_true")
+        parser.add_argument("--changes", type=int, default=40)
+        parser.add_argument("--repeat", type=int, default=3)
+        parser.add_argument("--probe", action="store_true",
+                            help="stamp the pipeline stages (bench/tail_probe.py)")
+        options = parser.parse_args()
+        tail_runs(options.changes, options.repeat, options.probe)
+        return
     args = parse_args(__doc__.splitlines()[0] if __doc__ else "")
     rng = random.Random(20240611)
     if args.quick:
