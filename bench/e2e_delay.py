@@ -27,6 +27,7 @@ swings by ±0.1 s, so the quick verdict is taken on ``interval / 2 + median pipe
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -67,6 +68,9 @@ class Config:
     interval: float
     changes: int
     probe: bool = False
+    code: str = ""
+    batching: bool = False  # the collector's own batching (rotel's default: 200 ms timeout)
+    as_user: bool = False  # endpoint "localhost", default log level (info)
 
     @property
     def label(self) -> str:
@@ -75,9 +79,12 @@ class Config:
 
 def measure(config: Config, rng: random.Random) -> dict[str, Any]:
     """Run one configuration; returns per-change samples and their statistics."""
-    with Simulator() as sim, RotelReceiver() as rotel, temp_state_dir() as state:
+    with Simulator() as sim, RotelReceiver(batching=config.batching) as rotel, \
+            temp_state_dir() as state:
         http = config.protocol == "http/protobuf"
         endpoint = rotel.http_endpoint if http else rotel.grpc_endpoint
+        if config.as_user:  # what a user writes, and the default log level
+            endpoint = endpoint.replace("127.0.0.1", "localhost")
         otlp = otlp_env(endpoint, config.protocol)
         del otlp["OTEL_METRIC_EXPORT_INTERVAL"]  # as a user runs it: metrics on change + 60 s
         env = exporter_env(
@@ -86,8 +93,13 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
             SEE_POLL_INTERVAL=f"{config.interval:g}",
             **otlp,
         )
-        if config.probe:
-            env["PYTHONPATH"] = str(BENCH / "probe_site")
+        if config.as_user:
+            del env["SEE_LOG_LEVEL"]
+        paths = [str(BENCH / "probe_site")] if config.probe else []
+        if config.code:  # another checkout's src/ (e.g. the code before a change)
+            paths.append(config.code)
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(paths)
         with ExporterProcess(env) as proc:
             wait_first_poll(sim)
             window: list[dict[str, object]] = []
@@ -165,15 +177,18 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def tail_runs(changes: int, repeat: int, probe: bool = False) -> None:
+def tail_runs(changes: int, repeat: int, probe: bool = False, code: str = "",
+              name: str = "e2e_delay_tail", batching: tuple[bool, ...] = (False,),
+              as_user: bool = False) -> None:
     """gRPC and http/protobuf side by side at 1 s, ``repeat`` runs each (the issue-11 check)."""
     rng = random.Random(20261123)
     results = []
     for run in range(repeat):
-        for protocol in ("grpc", "http/protobuf"):
-            print(f"run {run + 1}: {protocol} @ 1 s, {changes} changes ...", flush=True)
-            result = measure(Config(protocol, 1.0, changes, probe), rng)
-            results.append({"run": run + 1, **result})
+        for batch, protocol in ((b, p) for b in batching for p in ("grpc", "http/protobuf")):
+            label = "collector batching 200 ms" if batch else "collector batching off"
+            print(f"run {run + 1}: {protocol} @ 1 s, {label}, {changes} changes ...", flush=True)
+            result = measure(Config(protocol, 1.0, changes, probe, code, batch, as_user), rng)
+            results.append({"run": run + 1, "collector": label, **result})
             if probe:
                 slow = sorted(result["samples"], key=lambda x: -x["pipeline"])[:5]
                 for sample in slow:
@@ -183,21 +198,22 @@ def tail_runs(changes: int, repeat: int, probe: bool = False) -> None:
                           flush=True)
     print_table(
         "Change -> record at rotel, 1 s polls, defaults (seconds)",
-        ["run", "protocol", "n", "median", "p90", "max", "wait max", "pipeline med",
+        ["run", "collector", "protocol", "n", "median", "p90", "max", "wait max", "pipeline med",
          "pipeline max"],
-        [[r["run"], r["protocol"], r["changes"], r["delay_median"], r["delay_p90"],
+        [[r["run"], r["collector"], r["protocol"], r["changes"], r["delay_median"], r["delay_p90"],
           r["delay_max"], r["wait_max"], r["pipeline_median"], r["pipeline_max"]]
          for r in results],
     )
     summary = [
-        SummaryRow("e2e_delay", f"max delay, {p} @ 1 s, {repeat} runs x {changes} (s)", "<= 1.2",
-                   " / ".join(f"{r['delay_max']:.3f}" for r in results if r["protocol"] == p),
-                   "poll wait max " + " / ".join(
-                       f"{r['wait_max']:.3f}" for r in results if r["protocol"] == p),
-                   "-", all(r["delay_max"] <= 1.2 for r in results if r["protocol"] == p))
-        for p in ("grpc", "http/protobuf")
+        SummaryRow("e2e_delay", f"max delay, {p} @ 1 s, {c}, {repeat} x {changes} (s)",
+                   "<= 1.2" if c.endswith("off") else "-",
+                   " / ".join(f"{r['delay_max']:.3f}" for r in rows),
+                   "poll wait max " + " / ".join(f"{r['wait_max']:.3f}" for r in rows),
+                   "-", all(r["delay_max"] <= 1.2 for r in rows) if c.endswith("off") else None)
+        for c in sorted({r["collector"] for r in results}) for p in ("grpc", "http/protobuf")
+        if (rows := [r for r in results if r["protocol"] == p and r["collector"] == c])
     ]
-    save_results("e2e_delay_tail", {"quick": False, "runs": results}, summary)
+    save_results(name, {"quick": False, "code": code, "runs": results}, summary)
 
 
 def main() -> None:
@@ -208,8 +224,16 @@ def main() -> None:
         parser.add_argument("--repeat", type=int, default=3)
         parser.add_argument("--probe", action="store_true",
                             help="stamp the pipeline stages (bench/tail_probe.py)")
+        parser.add_argument("--code", default="", help="run this src/ directory's exporter")
+        parser.add_argument("--name", default="e2e_delay_tail", help="results file name")
+        parser.add_argument("--batching", choices=("off", "on", "both"), default="off",
+                            help="the collector's batching (rotel default: 200 ms timeout)")
+        parser.add_argument("--as-user", action="store_true",
+                            help="endpoint http://localhost:PORT and the default log level")
         options = parser.parse_args()
-        tail_runs(options.changes, options.repeat, options.probe)
+        batching = {"off": (False,), "on": (True,), "both": (False, True)}[options.batching]
+        tail_runs(options.changes, options.repeat, options.probe, options.code, options.name,
+                  batching, options.as_user)
         return
     args = parse_args(__doc__.splitlines()[0] if __doc__ else "")
     rng = random.Random(20240611)

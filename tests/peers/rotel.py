@@ -234,8 +234,12 @@ def _connectable(port: int) -> bool:
 class RotelReceiver:
     """A ``rotel-agent`` to await records on; ports and records are kept across restarts."""
 
-    def __init__(self, startup_timeout: float = 10.0, binary: pathlib.Path = ROTEL_AGENT) -> None:
+    def __init__(self, startup_timeout: float = 10.0, binary: pathlib.Path = ROTEL_AGENT,
+                 batching: bool = False) -> None:
+        """``batching``: keep rotel's default batching (a 200 ms batch timeout), as a collector
+        run with its defaults would; off (the default here), every request is printed at once."""
         self._binary, self._startup_timeout = binary, startup_timeout
+        self._batching = batching
         self._cond = threading.Condition()  # guards everything below; notified on every record
         self._logs: list[ReceivedLog] = []
         self._metrics: list[ReceivedMetric] = []
@@ -280,7 +284,7 @@ class RotelReceiver:
         grpc_port, http_port = self.ports
         args = f"start --exporter blackhole --otlp-grpc-endpoint 127.0.0.1:{grpc_port} " \
             f"--otlp-http-endpoint 127.0.0.1:{http_port} --debug-log logs --debug-log metrics " \
-            "--debug-log-verbosity detailed --disable-batching"
+            "--debug-log-verbosity detailed" + ("" if self._batching else " --disable-batching")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROTEL_")}
         proc = subprocess.Popen([str(self._binary), *args.split()], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
