@@ -26,9 +26,11 @@ class Recorder(MetricExporter):
         self.values: list[int] = []
         self.delay = delay
         self.shut = False
+        self.entered = threading.Event()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
+        self.entered.set()
         time.sleep(self.delay)
         self.times.append(time.monotonic())
         self.threads.append(threading.current_thread().name)
@@ -118,3 +120,14 @@ def test_shutdown_exports_once_more_and_stops(make: Any) -> None:
 def test_bad_settings_are_refused(heartbeat: float, gap: float) -> None:
     with pytest.raises(ValueError, match="heartbeat"):
         OnChangeMetricReader(Recorder(), heartbeat=heartbeat, min_gap=gap)
+
+
+def test_shutdown_does_not_wait_past_its_timeout_for_a_stuck_export(make: Any) -> None:
+    exporter = Recorder(delay=3.0)  # a collector that hangs
+    reader, counter = make(exporter, heartbeat=60.0, min_gap=0.0)
+    counter.add(1)
+    reader.metrics_changed()
+    assert exporter.entered.wait(5)  # the reader thread is inside the 3 s export
+    began = time.monotonic()
+    reader.shutdown(timeout_millis=500)
+    assert time.monotonic() - began < 1.5 and exporter.shut

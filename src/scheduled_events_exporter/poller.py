@@ -150,6 +150,9 @@ class Poller:
             transitions = (*self.approver.drain(), *transitions)
         records = self._ship(transitions, changed=changed or bool(transitions),
                              good=result.outcome.good)
+        # The first good document after a start is news too (the exporter is up and knows the
+        # pending set), even when a restored state makes it look unchanged.
+        first_good = result.outcome.good and self.last_good_monotonic is None
         if result.outcome.good:
             self.last_good_monotonic = now_mono
             self._failures = 0
@@ -166,7 +169,7 @@ class Poller:
                 self.approver.offer(result.document.events, result.document.incarnation)
         else:
             self._failures += 1
-        if (changed or records) and self._metrics_changed is not None:
+        if (changed or records or first_good) and self._metrics_changed is not None:
             self._metrics_changed()
         return result, records
 

@@ -51,8 +51,6 @@ class OnChangeMetricReader(MetricReader):
         self._stopping = False
         self._last_export = -float("inf")
         self._next_heartbeat = clock() + heartbeat
-        #: Exports made so far (heartbeats and changes), for tests and diagnostics.
-        self.exports = 0
         self._export_lock = threading.Lock()  # the exporter is never called concurrently
         self._thread = threading.Thread(target=self._run, name="metrics-reader", daemon=True)
         self._thread.start()
@@ -76,15 +74,15 @@ class OnChangeMetricReader(MetricReader):
                 if self._stopping:
                     return
                 self._changed = False
-            self._collect_now()
+            self._collect_now(self._timeout_ms)
             with self._cond:
                 self._last_export = self._clock()
                 self._next_heartbeat = self._last_export + self._heartbeat
 
-    def _collect_now(self) -> None:
+    def _collect_now(self, timeout_ms: float) -> None:
         try:
-            self.collect(timeout_millis=self._timeout_ms)
-        except Exception as exc:  # a collection error must not end the heartbeat
+            self.collect(timeout_millis=timeout_ms)
+        except Exception as exc:  # neither the heartbeat nor shutdown may die of it
             log.warning("metric collection failed: %s", str(exc).splitlines()[0][:200]
                         if str(exc) else type(exc).__name__)
 
@@ -95,7 +93,6 @@ class OnChangeMetricReader(MetricReader):
                 self._exporter.export(metrics_data, timeout_millis=timeout_millis)
             except Exception as exc:  # our exporters count failures; never kill the thread
                 log.warning("metric export raised %s", type(exc).__name__)
-            self.exports += 1
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         """Collect and export now, on the caller's thread (tests and shutdown only)."""
@@ -112,12 +109,6 @@ class OnChangeMetricReader(MetricReader):
             self._cond.notify_all()
         self._thread.join(timeout=max(0.0, ends - time.monotonic()))
         left_ms = max(0.0, ends - time.monotonic()) * 1000
-        if left_ms > 0:
-            self._collect_now_within(left_ms)
+        if left_ms > 0 and not self._thread.is_alive():  # else an export is stuck: skip ours
+            self._collect_now(left_ms)
         self._exporter.shutdown(timeout_millis=max(0.0, ends - time.monotonic()) * 1000)
-
-    def _collect_now_within(self, timeout_ms: float) -> None:
-        try:
-            self.collect(timeout_millis=timeout_ms)
-        except Exception as exc:  # shutdown goes on whatever the last export does
-            log.warning("last metric collection failed: %s", type(exc).__name__)
