@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the pinned tools the consumption tests (tests/consumption/) need:
 #   - npm packages into .ci/node/ (git-ignored): the Kusto language service (KQL analysis),
-#     @grafana/schema + typescript (dashboard type checks), kubernetes-types (manifest type checks);
+#     @grafana/schema + typescript (dashboard type checks), kubernetes-types (manifest type checks),
+#     @prometheus-io/lezer-promql (Prometheus 3 PromQL parser for the native-OTLP rules);
 #   - promtool (Debian package `prometheus`) when it is not on PATH.
 # Idempotent: a second run with everything in place does no network work and takes well under 1 s.
 set -euo pipefail
@@ -16,6 +17,9 @@ npm_pins=(
   "@grafana/schema@13.2.3"
   "typescript@5.9.3"
   "kubernetes-types@1.30.0"
+  "@prometheus-io/lezer-promql@0.315.0"  # Prometheus 3 PromQL grammar (quoted UTF-8 names)
+  "@lezer/lr@1.4.12"                     # its peer dependencies
+  "@lezer/highlight@1.2.5"
 )
 
 have_pins() {
