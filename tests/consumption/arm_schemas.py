@@ -1,6 +1,12 @@
 """Validation of the ARM templates in config/azure against Azure's published resource manager JSON
-schemas (github.com/Azure/azure-resource-manager-schemas, kept as test data under
-data/arm-schemas/, unmodified, one file per provider and API version the templates use).
+schemas (github.com/Azure/azure-resource-manager-schemas, unmodified, one file per provider and
+API version the templates use; the list is in ``SCHEMA_FILES``).
+
+The schemas are not committed here: this workplace forbids committing material copied from
+other repositories, and no package registry ships them. The tests read them from
+``$SEE_ARM_SCHEMA_DIR``, else ``../shared/arm-schemas`` beside the clone (where the project's
+steering repository can provide them to CI), else ``tests/consumption/data/arm-schemas``
+(git-ignored: a developer's local copy), and are skipped, saying so, when none is there.
 
 Two checks: the JSON Schema itself (draft-04, with ARM expressions allowed where the schemas allow
 them), and a stricter one the schemas do not express: every key inside a resource's ``properties``
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +29,35 @@ import jsonschema
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
-SCHEMA_DIR = Path(__file__).parent / "data" / "arm-schemas"
+_REPO = Path(__file__).resolve().parents[2]
+SCHEMA_FILES = (
+    "2019-04-01/deploymentTemplate.json",
+    "common/definitions.json",
+    "2022-04-01/Microsoft.Authorization.json",
+    "2022-06-01/Microsoft.Insights.json",
+    "2022-10-01/Microsoft.OperationalInsights.json",
+    "2023-12-01/Microsoft.Insights.json",
+    "2024-01-01/Microsoft.EventHub.json",
+)
+
+
+def _schema_dir() -> Path | None:
+    candidates = [Path(p) for p in (os.environ.get("SEE_ARM_SCHEMA_DIR", ""),) if p]
+    candidates += [_REPO.parent / "shared" / "arm-schemas",
+                   Path(__file__).parent / "data" / "arm-schemas"]
+    for candidate in candidates:
+        if all((candidate / name).is_file() for name in SCHEMA_FILES):
+            return candidate
+    return None
+
+
+SCHEMA_DIR = _schema_dir()
+#: Why the schema tests cannot run here, or "" when they can.
+MISSING = "" if SCHEMA_DIR is not None else (
+    "Azure resource manager schemas not present (set SEE_ARM_SCHEMA_DIR or provide "
+    "../shared/arm-schemas with " + ", ".join(SCHEMA_FILES) + "); fetched material is "
+    "not committed to this repository"
+)
 BASE_URI = "https://schema.management.azure.com/schemas/"
 DEPLOYMENT_TEMPLATE = BASE_URI + "2019-04-01/deploymentTemplate.json"
 _KINDS = (
@@ -46,6 +81,7 @@ class SchemaProblem:
 def _documents() -> dict[str, Any]:
     """Every stored schema by its URI (without fragment)."""
     docs: dict[str, Any] = {}
+    assert SCHEMA_DIR is not None, MISSING
     for path in sorted(SCHEMA_DIR.rglob("*.json")):
         uri = BASE_URI + path.relative_to(SCHEMA_DIR).as_posix()
         docs[uri] = json.loads(path.read_text(encoding="utf-8"))
