@@ -1,4 +1,4 @@
-"""The scrape endpoint in-process (real HTTP on loopback, the SDK's reader, a real MeterProvider) and
+"""The scrape endpoint in-process (real HTTP on loopback, the SDK reader, a real MeterProvider) and
 its configuration: OTEL_METRICS_EXPORTER, OTEL_EXPORTER_PROMETHEUS_HOST / _PORT."""
 
 from __future__ import annotations
