@@ -73,7 +73,7 @@ def test_pod_monitor_selects_an_exporter_pod_and_its_port(monitor: dict[str, Any
     assert ports[endpoint["port"]] == scrape_port(container)
     assert endpoint["path"] == "/metrics"
     relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
-    # Same job as the Collector route (service.name); instance as the manifest's service.instance.id.
+    # job as on the Collector route (service.name); instance as the service.instance.id.
     assert relabel["job"]["replacement"] == "azure-scheduled-events-exporter"
     env = {e["name"]: e.get("value", "") for e in container["env"]}
     assert env["OTEL_SERVICE_NAME"] == "azure-scheduled-events-exporter"

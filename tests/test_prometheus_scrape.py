@@ -29,7 +29,7 @@ import yaml
 
 from scheduled_events_exporter.simulator import Simulator
 from tests.exporter_process import ExporterProcess, clean_env, free_port
-from tests.peers.prometheus import PrometheusServer, prometheus_binary
+from tests.peers.prometheus import PrometheusServer, skip_unless_installed
 
 REPO = Path(__file__).resolve().parents[1]
 RULE_FILES = sorted((REPO / "config" / "prometheus").glob("*.yaml"))
@@ -37,11 +37,11 @@ DASHBOARD = REPO / "config" / "grafana" / "scheduled-events-prometheus.json"
 JOB = "scheduled-events-exporter"
 VM = "vm-prom"
 
-pytestmark = pytest.mark.skipif(
-    prometheus_binary() is None, reason="Debian package prometheus not installed"
-)
+pytestmark = skip_unless_installed("prometheus")
 
-FREEZE, REBOOT, REDEPLOY = "A1B2C3D4-0000-4000-8000-00000000F0F0", "B2C3D4E5-0000-4000-8000-0000000B0B0B", "C3D4E5F6-0000-4000-8000-00000000D0D0"  # noqa: E501
+FREEZE = "A1B2C3D4-0000-4000-8000-00000000F0F0"
+REBOOT = "B2C3D4E5-0000-4000-8000-0000000B0B0B"
+REDEPLOY = "C3D4E5F6-0000-4000-8000-00000000D0D0"
 
 
 def rule_exprs() -> list[tuple[str, str]]:
