@@ -170,6 +170,13 @@ def test_pending_panels(stack: Stack) -> None:
                               ("Redeploy", "Scheduled"): 1}
 
 
+def test_dashboard_variables_list_this_exporter(stack: Stack) -> None:
+    variables = dict(dashboard_exprs())
+    assert {s["metric"]["job"] for s in stack.q(variables["var job"])} == {JOB}
+    assert {s["metric"]["instance"] for s in stack.q(variables["var instance"])} == {
+        stack.instance}
+
+
 def test_time_to_not_before_panel(stack: Stack) -> None:
     countdown = stack.by_id(panel("Countdown to NotBefore"))
     # Started events have no countdown; the other two count down from 10 min and 2 h.

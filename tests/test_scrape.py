@@ -129,6 +129,12 @@ def test_busy_port_is_a_clear_error() -> None:
     assert "in use" in message.lower()
 
 
+def test_unusable_host_is_a_clear_error() -> None:
+    with pytest.raises(OSError) as info:
+        ScrapeEndpoint("no-such-host.invalid", 0)
+    assert str(info.value).startswith("OTEL_EXPORTER_PROMETHEUS_HOST=no-such-host.invalid: ")
+
+
 def test_busy_port_fails_the_process_naming_the_variable(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
