@@ -5,6 +5,7 @@ given rule files; queried through its HTTP API."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.exporter_process import free_port
 
 
@@ -26,10 +29,6 @@ class PromQLError(AssertionError):
 def skip_unless_installed(binary: str) -> Any:
     """A pytest mark skipping when ``binary`` is missing locally; in CI (``CI`` set) the test runs
     and fails instead, so a green CI run never hides a skipped Prometheus check."""
-    import os
-
-    import pytest
-
     in_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
     missing = shutil.which(binary) is None and not Path(f"/usr/bin/{binary}").exists()
     return pytest.mark.skipif(missing and not in_ci,
