@@ -139,3 +139,35 @@ def test_scrape_has_scope_labels_and_target_info(
         for sample in family.samples:
             if sample.name != "target_info":
                 assert sample.labels["otel_scope_name"] == "scheduled_events_exporter", sample
+
+
+def test_metrics_exporter_without_otlp_sends_records_but_no_otlp_metrics() -> None:
+    # OTEL_METRICS_EXPORTER=prometheus with SEE_SINKS=otlp: log records over OTLP, metrics only on
+    # the scrape (the OTLP metric reader is not created).
+    with Simulator(vm_name="vm-names") as sim, RotelReceiver() as rotel:
+        sim.set_events([{"EventId": "NAMES-2", "EventStatus": "Scheduled", "EventType": "Freeze",
+                         "ResourceType": "VirtualMachine", "Resources": ["vm-names"],
+                         "NotBefore": "Mon, 11 Apr 2099 22:26:58 GMT", "Description": "",
+                         "EventSource": "Platform", "DurationInSeconds": 5}])
+        port = free_port()
+        env = clean_env(
+            SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="otlp", SEE_STATE_DIR="", SEE_HEALTH_ADDR="",
+            SEE_POLL_INTERVAL="0.5", OTEL_EXPORTER_OTLP_ENDPOINT=rotel.http_endpoint,
+            OTEL_METRIC_EXPORT_INTERVAL="1000", OTEL_METRICS_EXPORTER="prometheus",
+            OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1", OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+        )
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def polls() -> float:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                families = text_string_to_metric_families(r.read().decode())
+            return sum(s.value for f in families for s in f.samples
+                       if s.name == "azure_scheduled_events_imds_requests_total")
+
+        with ExporterProcess(env) as proc:
+            rotel.wait_for_logs(lambda log: log.event_name.endswith(".scheduled"), timeout=30)
+            # Three metric export intervals (1 s) after the record: 6 more polls at 0.5 s.
+            start = polls()
+            assert proc.wait_until(lambda: polls() >= start + 6, 30)
+            assert proc.terminate() == 0
+        assert rotel.metrics == []
