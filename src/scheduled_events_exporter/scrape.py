@@ -10,9 +10,9 @@ what the product needs around them:
   and leaves the scrape (Prometheus marks it stale) when the event ends;
 - gauges of unit ``1`` get the ``_ratio`` suffix the OpenTelemetry Collector's translator gives
   them (the Python exporter does not yet), so every route renders the same names;
-- ``/metrics`` only (404 elsewhere), one scrape at a time (the reader's hand-over queue is not
-  safe for two concurrent scrapes), a private registry (no ``python_gc_*``/``process_*`` that
-  the Collector route would not have).
+- ``/metrics`` only (404 elsewhere), one scrape at a time (the reader hands each collection to
+  its renderer through one queue, shared by concurrent scrapes), a private registry (no
+  ``python_gc_*``/``process_*`` that the Collector route would not have).
 
 Imported only when ``prometheus`` is selected: ``prometheus_client`` costs start-up time.
 """
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 PATH = "/metrics"
 
+#: The per-event gauges' source (the same signature as ``sinks.base.ExtraMetrics``, a sibling).
 ExtraMetrics = Callable[[], Sequence[Metric]]
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
