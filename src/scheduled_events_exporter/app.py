@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from scheduled_events_exporter.approver import Approver
 from scheduled_events_exporter.config import Config
@@ -30,6 +31,9 @@ from scheduled_events_exporter.sinks import Sink, create_sinks
 from scheduled_events_exporter.state import PersistedState, StateStore
 from scheduled_events_exporter.telemetry import Telemetry, build_resource
 from scheduled_events_exporter.tracker import TrackerState
+
+if TYPE_CHECKING:
+    from scheduled_events_exporter.scrape import ScrapeEndpoint
 
 log = logging.getLogger("scheduled_events_exporter")
 
@@ -141,8 +145,16 @@ class Exporter:
         )
         self._telemetry: Telemetry | None = None
         self.sinks: list[Sink] = create_sinks(config, self._count_failure)
+        self.scrape: ScrapeEndpoint | None = None
+        if "prometheus" in config.metrics_exporters:
+            # Imported only when selected: prometheus_client costs start-up time and memory.
+            from scheduled_events_exporter.scrape import ScrapeEndpoint
+
+            self.scrape = ScrapeEndpoint(*config.prometheus_addr)  # binds: a busy port fails here
         instance = self._first_instance()
         readers = [r for s in self.sinks for r in s.metric_readers()]
+        if self.scrape is not None:
+            readers.extend(self.scrape.metric_readers())
         self.telemetry = Telemetry(
             readers=readers,
             resource=build_resource(instance),
@@ -233,6 +245,8 @@ class Exporter:
             ", ".join(self.config.sinks),
         )
         self._thread.start()
+        if self.scrape is not None:
+            self.scrape.start(self.telemetry.per_event_metrics)
         if self.health is not None:
             self.health.start()
 
@@ -257,6 +271,8 @@ class Exporter:
                     "sink %s: %d records not delivered at shutdown", sink.name, status.pending
                 )
                 drained = False
+        if self.scrape is not None:
+            self.scrape.stop()
         self.telemetry.shutdown(max(0.5, deadline - time.monotonic()))
         if self.health is not None:
             self.health.stop()

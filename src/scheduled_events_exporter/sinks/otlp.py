@@ -102,17 +102,20 @@ class OtlpSink(WorkerSink):
 
             log_exporter, metric_exporter = HttpLogExporter(), HttpMetricExporter()
         self._log_exporter = log_exporter
-        self._reader = PeriodicExportingMetricReader(
-            CountingMetricExporter(metric_exporter, self.name, count_failure,
-                                   lambda: self._extra_metrics()),
-            export_interval_millis=config.metric_export_interval * 1000,
-        )
+        # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
+        self._readers: tuple[MetricReader, ...] = ()
+        if "otlp" in config.metrics_exporters:
+            self._readers = (PeriodicExportingMetricReader(
+                CountingMetricExporter(metric_exporter, self.name, count_failure,
+                                       lambda: self._extra_metrics()),
+                export_interval_millis=config.metric_export_interval * 1000,
+            ),)
         self._scope = InstrumentationScope(SCOPE_NAME, __version__)
         super().__init__(config, count_failure)
 
     def metric_readers(self) -> Sequence[MetricReader]:
-        """The periodic OTLP metric reader."""
-        return (self._reader,)
+        """The periodic OTLP metric reader, unless OTEL_METRICS_EXPORTER excludes otlp."""
+        return self._readers
 
     def _close(self) -> None:
         # Metrics stop with the MeterProvider; the log exporter is ours to close.
