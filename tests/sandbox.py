@@ -27,14 +27,21 @@ def require_bwrap() -> str:
 
 
 def bwrap_command(command: Sequence[str], *, state: Path | None = None,
-                  state_tmpfs_bytes: int | None = None) -> list[str]:
-    """``command`` as uid/gid 10001 with a read-only root and a writable state volume at
+                  state_tmpfs_bytes: int | None = None, uid: int = 10001, gid: int = 10001,
+                  own_network: bool = False, visible: Sequence[Path] = ()) -> list[str]:
+    """``command`` as ``uid``/``gid`` with a read-only root and a writable state volume at
     :data:`STATE_MOUNT`: the host directory ``state`` bound there, or a tmpfs of
-    ``state_tmpfs_bytes`` (a tiny disk the test can fill)."""
+    ``state_tmpfs_bytes`` (a tiny disk the test can fill). ``own_network``: a private loopback
+    (as in a container: its port 8080 is its own). ``visible``: host paths under /tmp (which
+    the sandbox replaces by an empty tmpfs) to show read-only at the same place."""
     _mount_point()
     args = [require_bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--die-with-parent", "--unshare-user", "--uid", "10001",
-            "--gid", "10001"]
+            "--tmpfs", "/tmp", "--die-with-parent", "--unshare-user", "--uid", str(uid),
+            "--gid", str(gid)]
+    if own_network:
+        args.append("--unshare-net")
+    for path in visible:
+        args += ["--ro-bind", str(path), str(path)]
     if state_tmpfs_bytes is not None:
         args += ["--size", str(state_tmpfs_bytes), "--tmpfs", STATE_MOUNT]
     elif state is not None:
