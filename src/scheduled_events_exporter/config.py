@@ -376,7 +376,8 @@ def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> 
         return []
     names = " and ".join(m.split("=")[0] for m in missing)
     return [f"SEE_SINKS={','.join(sinks)!r}: the eventhubs sink needs {names}, which "
-            f"{'are' if len(missing) > 1 else 'is'} not installed; expected them installed "
+            f"{'are' if len(missing) > 1 else 'is'} not installed; expected "
+            f"{'them' if len(missing) > 1 else 'it'} installed "
             f"(pip install {' '.join(repr(m) for m in missing)}) or eventhubs removed from "
             "SEE_SINKS"]
 
