@@ -256,13 +256,15 @@ def _close_quietly(client: Any) -> None:
             client.close()
 
 
-#: AMQP error conditions about the message itself: sending it again can never succeed.
+#: AMQP error conditions about the message itself: sending it again can never succeed. Written
+#: as ``EventHubError.error`` carries them: the condition without its first prefix
+#: (``amqp:link:message-size-exceeded`` → ``link:message-size-exceeded``).
 PERMANENT_CONDITIONS = frozenset({
-    "amqp:link:message-size-exceeded", "amqp:decode-error", "amqp:invalid-field",
-    "com.microsoft:argument-error", "com.microsoft:argument-out-of-range",
+    "link:message-size-exceeded", "decode-error", "invalid-field", "argument-error",
+    "argument-out-of-range",
 })
 #: Conditions about who we are or where we send: every message would fail the same way.
-CONFIG_CONDITIONS = frozenset({"amqp:unauthorized-access", "amqp:not-found"})
+CONFIG_CONDITIONS = frozenset({"unauthorized-access", "not-found"})
 _AUTH_ERRORS = ("AuthenticationError", "ClientAuthenticationError", "CredentialUnavailableError")
 
 
@@ -276,12 +278,11 @@ def hub_error(exc: BaseException) -> DeliveryError:
     """
     text = describe_error(exc)
     condition = _condition(exc)
-    if isinstance(exc, MessageTooLarge) or condition == "amqp:link:message-size-exceeded":
-        return DeliveryError(text, FailureKind.PERMANENT, "Event Hubs message_too_large")
-    if type(exc).__name__ == "EventDataError" or condition in PERMANENT_CONDITIONS:
-        return DeliveryError(text, FailureKind.PERMANENT,
-                             f"Event Hubs {condition or type(exc).__name__}")
     name = type(exc).__name__
+    if isinstance(exc, MessageTooLarge) or condition == "link:message-size-exceeded":
+        return DeliveryError(text, FailureKind.PERMANENT, "Event Hubs message_too_large")
+    if name == "EventDataError" or condition in PERMANENT_CONDITIONS:
+        return DeliveryError(text, FailureKind.PERMANENT, f"Event Hubs {condition or name}")
     if (name in _AUTH_ERRORS or name == "EventHubNotFoundError"
             or condition in CONFIG_CONDITIONS or text.startswith("Event Hubs entity not found")):
         return DeliveryError(text, FailureKind.CONFIG, f"Event Hubs {condition or name}")
@@ -289,13 +290,10 @@ def hub_error(exc: BaseException) -> DeliveryError:
 
 
 def _condition(exc: BaseException) -> str:
-    """The AMQP error condition inside an azure-eventhub exception (``EventHubError.error``)."""
-    inner = getattr(exc, "error", None)
-    condition = getattr(inner, "condition", None)
-    value = getattr(condition, "value", condition)
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return str(value) if value else ""
+    """The AMQP error condition of an azure-eventhub exception (``EventHubError.error``, the
+    documented attribute: the condition without its first prefix), or ``""``."""
+    error = getattr(exc, "error", None)
+    return error if isinstance(error, str) else ""
 
 
 def describe_error(exc: BaseException) -> str:
