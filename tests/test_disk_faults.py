@@ -11,7 +11,9 @@ collector answers 503, so the new records can be neither delivered nor spooled:
 * once the filler is removed the exporter recovers by itself: readiness clears, the state file
   and the spool hold the records of the fault;
 * kill -9 right after the recovery, restart, collector back: every transition arrives exactly
-  once after de-duplication by ``log.record.uid``, none missing.
+  once after de-duplication by ``log.record.uid``, none missing;
+* full again with the collector up: the record is delivered from memory, and once the disk is
+  freed readiness clears by itself although nothing more needs writing.
 """
 
 from __future__ import annotations
@@ -138,6 +140,22 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
                                "the records of the fault after the restart")
             sim.set_events([])
             collector.wait_for(lambda a: len({x.uid for x in a}) >= 5, 30, "B cancelled")
+
+            # --- full again, collector up: delivered from memory; once freed, readiness
+            # clears by itself although no further record needs writing --------------------
+            state = volume(pid_box["pid"])  # the restarted process's view of the same tmpfs
+            wait_until(lambda: (state / "spool" / "otlp.log").stat().st_size == 0, 10,
+                       "the spool emptied")
+            fill(state / "filler")
+            sim.set_events([event("C")])
+            collector.wait_for(lambda a: ("C", "scheduled") in {(x.event_id, x.transition)
+                                                                for x in a}, 30, "C scheduled")
+            # The spool append failed, then its cursor (the record was delivered meanwhile).
+            wait_until(lambda: bool({"otlp.log", "otlp.ack"} & faults()), 20,
+                       "the spool's fault in /readyz")
+            (state / "filler").unlink()
+            wait_until(lambda: readyz()["storage"]["writable"], 30,
+                       "/readyz: writable again with nothing left to write")
             os.kill(exporter_pid(proc.proc.pid) or 0, signal.SIGTERM)
             assert proc.proc.wait(timeout=30) == 0
     assert proc.stderr().count("exporter died: 137") == 1  # only our kill -9
@@ -147,4 +165,4 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
         unique.setdefault(accepted.uid, (accepted.event_id, accepted.transition))
     assert list(unique.values()) == [
         ("A", "scheduled"), ("A", "started"), ("B", "scheduled"), ("A", "completed"),
-        ("B", "cancelled")]
+        ("B", "cancelled"), ("C", "scheduled")]

@@ -101,6 +101,28 @@ class DeadLetterFile:
         self.watch.succeeded()
 
 
+    def probe(self) -> None:
+        """After a failed append: write and remove a small file next to it, to learn (and show
+        in ``/readyz``) that the disk is writable again before the next rejected record."""
+        if self.watch.fault is None:
+            return
+        probe = self.path.with_name(f".{FILE_NAME}.probe")
+        with self._lock:
+            try:
+                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    write_all(fd, b"probe\n")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.unlink(probe)
+            except OSError as exc:
+                self.watch.failed(exc)
+                return
+        self.watch.succeeded()
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size

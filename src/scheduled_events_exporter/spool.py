@@ -135,6 +135,18 @@ class Spool:
                 raise
             self.watch.succeeded()
 
+    def probe(self, seq: int) -> None:
+        """Write the ack cursor (at least ``seq``) even when it did not change: after a write
+        failure, tells whether the disk is writable again although nothing waits to be written.
+        Raises ``OSError`` while it is not."""
+        with self._lock:
+            try:
+                self._write_ack(max(seq, self.acked))
+            except OSError as exc:
+                self.watch.failed(exc, self.ack_path)
+                raise
+            self.watch.succeeded()
+
     def _write_ack(self, seq: int) -> None:
         write_atomically(self.ack_path, str(seq).encode())
         self.acked = seq

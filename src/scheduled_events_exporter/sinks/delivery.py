@@ -53,6 +53,8 @@ BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
 #: A configuration error (authentication, endpoint) is logged again this often while it lasts.
 CONFIG_ERROR_REPEAT = 300.0
+#: An idle worker whose spool or dead-letter file could not be written looks again this often.
+STORAGE_RETRY = 5.0
 
 
 class FailureKind(enum.Enum):
@@ -124,6 +126,8 @@ class DeliveryWorker:
         # the next successful append writes them too.
         self._spool_behind = False
         self._spool_lock = threading.Lock()
+        # Highest sequence number delivered or dropped: what the ack cursor should say.
+        self._acked_wanted = 0
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
 
     def start(self) -> None:
@@ -195,6 +199,7 @@ class DeliveryWorker:
             self._spool_behind = False
 
     def _ack(self, seq: int) -> None:
+        self._acked_wanted = max(self._acked_wanted, seq)
         if self._spool is None:
             return
         # Logged once per streak by the spool's watch; a stale cursor only repeats records.
@@ -254,13 +259,18 @@ class DeliveryWorker:
         while True:
             with self._cond:
                 while not self._queue and not self._stopping:
+                    if self._storage_faulty():  # idle, but a file to repair: look again soon
+                        self._cond.wait(STORAGE_RETRY)
+                        break
                     self._cond.wait()
                 if self._stopping:
                     return
-                size = 1 if self._queue[0].seq <= isolate_until else MAX_BATCH
+                size = 1 if self._queue and self._queue[0].seq <= isolate_until else MAX_BATCH
                 batch = [q for _, q in zip(range(size), self._queue, strict=False)]
-            if self._spool_behind:
-                self._write_spool(())  # the disk may be writable again
+            if self._storage_faulty():
+                self._repair_storage()  # the disk may be writable again
+            if not batch:
+                continue
             try:
                 self._deliver([q.record for q in batch])
             except Exception as exc:  # any sink failure must keep the records, never kill us
@@ -289,6 +299,22 @@ class DeliveryWorker:
             failpoints.hit("after_deliver")
             self._ack(last)
             self._done(last)
+
+    def _storage_faulty(self) -> bool:
+        spool_faulty = self._spool is not None and (self._spool_behind or bool(self._spool.fault))
+        return spool_faulty or bool(self._dead_letter and self._dead_letter.fault)
+
+    def _repair_storage(self) -> None:
+        """Retry what a full or read-only disk refused: the records the spool is missing, then
+        a plain write of the ack cursor (so the fault clears even when nothing waits)."""
+        if self._spool is not None:
+            if self._spool_behind:
+                self._write_spool(())
+            if not self._spool_behind and self._spool.fault is not None:
+                with contextlib.suppress(OSError):  # still failing: the watch keeps the fault
+                    self._spool.probe(self._acked_wanted)
+        if self._dead_letter is not None:
+            self._dead_letter.probe()
 
     def _done(self, last: int) -> None:
         """Records up to ``last`` left the queue (delivered or dead-lettered)."""
