@@ -357,6 +357,11 @@ class DeliveryWorker:
         record = queued.record
         event = record.transition.event
         event_id = event.event_id if event else "(none)"
+        try:
+            payload = self._payload(record)
+        except Exception as exc:  # never let rendering a rejected record stop the worker
+            payload = {"unrenderable": f"{type(exc).__name__}: {exc}"[:300],
+                       "columns": to_columns(record)}
         letter = DeadLetter(
             time=rfc3339(datetime.now(timezone.utc)),
             sink=self.name,
@@ -366,7 +371,7 @@ class DeliveryWorker:
             transition=record.transition.kind.value,
             record_id=record.record_id,
             seq=record.seq,
-            payload=self._payload(record),
+            payload=payload,
         )
         where = "not kept: SEE_STATE_DIR is disabled"
         if self._dead_letter is not None:
