@@ -12,8 +12,9 @@ collector answers 503, so the new records can be neither delivered nor spooled:
   and the spool hold the records of the fault;
 * kill -9 right after the recovery, restart, collector back: every transition arrives exactly
   once after de-duplication by ``log.record.uid``, none missing;
-* full again with the collector up: the record is delivered from memory, and once the disk is
-  freed readiness clears by itself although nothing more needs writing.
+* full again with the collector up: the record is delivered from memory, a record the collector
+  refuses (400) cannot be dead-lettered and is logged whole instead; once the disk is freed
+  readiness clears by itself although nothing more needs writing.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def event(event_id: str, status: str = "Scheduled") -> dict[str, Any]:
 def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -> None:
     require_bwrap()
     down = {"on": False}
-    with OtlpHttpStandIn(lambda ids: 503 if down["on"] else None) as collector:
+    # D is a record the collector never accepts: it meets the full disk in the last phase.
+    with OtlpHttpStandIn(
+        lambda ids: 400 if "D" in ids else 503 if down["on"] else None
+    ) as collector:
         health = f"127.0.0.1:{free_port()}"
         env = clean_env(
             SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="otlp", SEE_STATE_DIR=STATE_MOUNT,
@@ -147,12 +151,19 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
             wait_until(lambda: (state / "spool" / "otlp.log").stat().st_size == 0, 10,
                        "the spool emptied")
             fill(state / "filler")
-            sim.set_events([event("C")])
+            sim.set_events([event("C"), event("D")])
             collector.wait_for(lambda a: ("C", "scheduled") in {(x.event_id, x.transition)
                                                                 for x in a}, 30, "C scheduled")
             # The spool append failed, then its cursor (the record was delivered meanwhile).
             wait_until(lambda: bool({"otlp.log", "otlp.ack"} & faults()), 20,
                        "the spool's fault in /readyz")
+            proc.wait_for(lambda: "EventId D" in proc.stderr(), 20, "D rejected")
+            rejected = next(x for x in proc.stderr_lines if "EventId D" in x)
+            # The dead-letter file cannot take it: the log line carries the whole entry.
+            assert "HTTP 400" in rejected and "dead-letter file unwritable" in rejected
+            assert '"event_id":"D"' in rejected and '"payload":' in rejected
+            wait_until(lambda: "dead-letter.jsonl" in faults(), 20,
+                       "the dead-letter file's fault in /readyz")
             (state / "filler").unlink()
             wait_until(lambda: readyz()["storage"]["writable"], 30,
                        "/readyz: writable again with nothing left to write")
