@@ -373,13 +373,14 @@ class DeliveryWorker:
             seq=record.seq,
             payload=payload,
         )
-        where = "not kept: SEE_STATE_DIR is disabled"
+        where = f"not kept (SEE_STATE_DIR is disabled): {letter.to_json().decode().rstrip()}"
         if self._dead_letter is not None:
             try:
                 self._dead_letter.append(letter)
                 where = f"moved to {self._dead_letter.path}"
             except OSError:  # the watch logged why; the record is at least in this log line
-                where = f"not kept (dead-letter file unwritable): {letter.to_json().decode()}"
+                where = ("not kept (dead-letter file unwritable): "
+                         f"{letter.to_json().decode().rstrip()}")
         log.error("sink %s: %s rejected the record of EventId %s (%s, RecordId %s) "
                   "permanently: %s; %s; continuing with the next record",
                   self.name, error.status or "the sink", event_id, letter.transition,
