@@ -31,6 +31,7 @@ from scheduled_events_exporter.sinks import Sink, create_sinks
 from scheduled_events_exporter.state import PersistedState, StateStore
 from scheduled_events_exporter.telemetry import Telemetry, build_resource
 from scheduled_events_exporter.tracker import TrackerState
+from scheduled_events_exporter.write_faults import WriteFault
 
 if TYPE_CHECKING:
     from scheduled_events_exporter.scrape import ScrapeEndpoint
@@ -76,7 +77,12 @@ class LoggingSink:
 
 
 class StateCommitter:
-    """Saves the state file when the tracker state changed, and at least every minute."""
+    """Saves the state file when the tracker state changed, and at least every minute.
+
+    A failed save (disk full, read-only volume) is logged once per streak by the store and
+    retried at every poll; the records of failed saves ride along in the next save's outbox,
+    so once the disk is writable again a crash still cannot lose them.
+    """
 
     HEARTBEAT = 60.0
 
@@ -90,7 +96,7 @@ class StateCommitter:
         self._approvals = approvals
         self._count_failure = count_failure
         self._last_save = -float("inf")
-        self._failing = False
+        self._unsaved: tuple[TransitionRecord, ...] = ()
         self._lock = threading.Lock()
 
     def commit(
@@ -104,31 +110,23 @@ class StateCommitter:
         """Write the state file (with ``records`` as its outbox) when it is due."""
         now = time.monotonic()
         with self._lock:
-            if not changed and now - self._last_save < self.HEARTBEAT:
+            if not changed and not self._unsaved and now - self._last_save < self.HEARTBEAT:
                 return
+            outbox = (*self._unsaved, *records)
             try:
                 self._store.save(
                     PersistedState(
                         tracker=state,
                         seq=seq,
-                        outbox=records,
+                        outbox=outbox,
                         approvals=tuple(sorted(self._approvals())),
                     )
                 )
-            except OSError as exc:
-                if not self._failing:
-                    log.error(
-                        "cannot write the state file %s (%s); a restart would forget "
-                        "what was seen since",
-                        self._store.path,
-                        exc,
-                    )
-                self._failing = True
+            except OSError:  # logged once per streak by the store
+                self._unsaved = outbox
                 self._count_failure("state", "state", 1)
                 return
-            if self._failing:
-                log.info("state file written again")
-            self._failing = False
+            self._unsaved = ()
             self._last_save = now
 
 
@@ -229,6 +227,7 @@ class Exporter:
                     poll_interval=config.poll_interval,
                     request_timeout=max(config.imds_first_timeout, config.imds_timeout),
                     staleness_limit=config.staleness_limit,
+                    write_faults=self._state_faults,
                 ),
             )
         if not instance.vm_id:
@@ -278,6 +277,10 @@ class Exporter:
             self.health.stop()
         self.client.close()
         return drained
+
+    def _state_faults(self) -> tuple[WriteFault, ...]:
+        fault = self.store.fault if self.store else None
+        return (fault,) if fault else ()
 
     def _count_failure(self, sink: str, signal: str, count: int) -> None:
         if self._telemetry is not None:

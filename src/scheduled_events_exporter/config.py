@@ -219,6 +219,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
                        "seconds, a number from 1 to 600")
     if "eventhubs" in sinks:
         problems.extend(_check_eventhubs(connection_string, namespace, hub))
+        problems.extend(_check_eventhubs_library(sinks, need_identity=not connection_string))
 
     protocol = "http/protobuf"
     for name in (
@@ -423,6 +424,29 @@ def _check_eventhubs(connection_string: str, namespace: str, hub: str) -> list[s
     if not hub:
         problems.append("SEE_EVENTHUB_NAME='': expected the event hub name")
     return problems
+
+
+def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> list[str]:
+    """The Event Hubs sink's packages are regular dependencies, but a trimmed install (or an
+    old one made without them) must fail as a configuration error, not with a traceback."""
+    missing = []
+    try:
+        import azure.eventhub
+    except ImportError:
+        missing.append("azure-eventhub==5.15.1")
+    if need_identity:
+        try:
+            import azure.identity  # noqa: F401
+        except ImportError:
+            missing.append("azure-identity==1.27.0")
+    if not missing:
+        return []
+    names = " and ".join(m.split("=")[0] for m in missing)
+    return [f"SEE_SINKS={','.join(sinks)!r}: the eventhubs sink needs {names}, which "
+            f"{'are' if len(missing) > 1 else 'is'} not installed; expected "
+            f"{'them' if len(missing) > 1 else 'it'} installed "
+            f"(pip install {' '.join(repr(m) for m in missing)}) or eventhubs removed from "
+            "SEE_SINKS"]
 
 
 def _check_writable(path: Path) -> str:

@@ -26,7 +26,14 @@ from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
-from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
+from scheduled_events_exporter.sinks.delivery import WorkerSink
+from scheduled_events_exporter.sinks.otlp_errors import (
+    StatusProbe,
+    export_error,
+    grpc_log_exporter,
+    http_log_exporter,
+    otlp_json,
+)
 from scheduled_events_exporter.telemetry import SCOPE_NAME, add_metrics, to_log_record
 
 log = logging.getLogger(__name__)
@@ -81,26 +88,24 @@ class OtlpSink(WorkerSink):
     name = "otlp"
 
     def __init__(self, config: Config, count_failure: FailureCounter) -> None:
+        # What the collector answered to our log exports (otlp_errors says how we learn it).
+        self._probe = StatusProbe()
         log_exporter: LogRecordExporter
         metric_exporter: MetricExporter
         if config.otlp_protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
-                OTLPLogExporter as GrpcLogExporter,
-            )
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
                 OTLPMetricExporter as GrpcMetricExporter,
             )
 
-            log_exporter, metric_exporter = GrpcLogExporter(), GrpcMetricExporter()
+            log_exporter = grpc_log_exporter(self._probe)
+            metric_exporter = GrpcMetricExporter()
         else:
-            from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-                OTLPLogExporter as HttpLogExporter,
-            )
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter as HttpMetricExporter,
             )
 
-            log_exporter, metric_exporter = HttpLogExporter(), HttpMetricExporter()
+            log_exporter = http_log_exporter(self._probe)
+            metric_exporter = HttpMetricExporter()
         self._log_exporter = log_exporter
         # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
         self._readers: tuple[MetricReader, ...] = ()
@@ -123,6 +128,10 @@ class OtlpSink(WorkerSink):
 
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
         batch = [to_log_record(r, self._resource, self._scope) for r in records]
+        self._probe.reset()
         result = self._log_exporter.export(batch)
         if result is not LogRecordExportResult.SUCCESS:
-            raise DeliveryError(f"OTLP log export of {len(batch)} records failed")
+            raise export_error(self._probe.last, len(batch))
+
+    def _payload(self, record: TransitionRecord) -> object:
+        return otlp_json(to_log_record(record, self._resource, self._scope))
