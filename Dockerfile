@@ -4,7 +4,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY config/scenarios ./config/scenarios
-RUN pip install --no-cache-dir --prefix=/install ".[eventhubs]"
+RUN pip install --no-cache-dir --prefix=/install .
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

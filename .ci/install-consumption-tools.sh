@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the pinned tools the consumption tests (tests/consumption/) need:
 #   - npm packages into .ci/node/ (git-ignored): the Kusto language service (KQL analysis),
-#     @grafana/schema + typescript (dashboard type checks), kubernetes-types (manifest type checks);
-#   - promtool (Debian package `prometheus`) when it is not on PATH.
+#     @grafana/schema + typescript (dashboard type checks), kubernetes-types (manifest type checks),
+#     @prometheus-io/lezer-promql (Prometheus 3 PromQL parser for the native-OTLP rules);
+#   - promtool and the Prometheus server (Debian package `prometheus`) when either is not on PATH
+#     (the server runs in tests/test_prometheus_scrape.py).
 # Idempotent: a second run with everything in place does no network work and takes well under 1 s.
 set -euo pipefail
 
@@ -16,6 +18,9 @@ npm_pins=(
   "@grafana/schema@13.2.3"
   "typescript@5.9.3"
   "kubernetes-types@1.30.0"
+  "@prometheus-io/lezer-promql@0.315.0"  # Prometheus 3 PromQL grammar (quoted UTF-8 names)
+  "@lezer/lr@1.4.12"                     # its peer dependencies
+  "@lezer/highlight@1.2.5"
 )
 
 have_pins() {
@@ -40,11 +45,11 @@ else
   have_pins || { echo "npm install did not produce the pinned versions" >&2; exit 1; }
 fi
 
-if command -v promtool >/dev/null; then
-  echo "consumption tools: promtool present ($(command -v promtool))"
+if command -v promtool >/dev/null && command -v prometheus >/dev/null; then
+  echo "consumption tools: promtool and prometheus present ($(command -v promtool))"
 else
   if [[ "$(id -u)" != "0" ]]; then
-    echo "promtool missing and not root: install the Debian package 'prometheus'" >&2
+    echo "promtool/prometheus missing and not root: install the Debian package 'prometheus'" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
@@ -53,5 +58,6 @@ else
   # version only for security fixes, so fall back to the current one if the pin is gone.
   apt-get install -y -qq --no-install-recommends "prometheus=$promtool_pin" >/dev/null \
     || apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  command -v promtool >/dev/null || { echo "promtool still missing after apt-get" >&2; exit 1; }
+  command -v promtool >/dev/null && command -v prometheus >/dev/null \
+    || { echo "promtool or prometheus still missing after apt-get" >&2; exit 1; }
 fi

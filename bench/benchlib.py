@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +191,7 @@ def machine_info() -> dict[str, str]:
         "python": platform.python_version(),
         "kernel": platform.release(),
         "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 
@@ -264,7 +264,7 @@ def make_event(
     index: int = 0,
 ) -> dict[str, object]:
     """An IMDS event as the platform writes it (RFC 1123 NotBefore, empty once Started)."""
-    not_before = datetime.now(UTC) + timedelta(minutes=minutes_ahead)
+    not_before = datetime.now(timezone.utc) + timedelta(minutes=minutes_ahead)
     return {
         "EventId": event_id,
         "EventType": event_type,

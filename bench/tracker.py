@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from benchlib import (
@@ -66,7 +66,7 @@ def measure(n: int, budget: float) -> dict[str, Any]:
     started = [{**e, "EventStatus": "Started", "NotBefore": ""} for e in events]
     raw_started = encode(started, 3)
     raw_unchanged = encode(events, 4)
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     empty = TrackerState(incarnation=1, last_good=now)
     doc_new = parse_document(raw_new)
     state_seen, transitions_new = track(empty, doc_new, now, gap_threshold=GAP)

@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,18 @@ def clean_env(**values: str) -> dict[str, str]:
 class ExporterProcess:
     """``scheduled-events-exporter run`` in a subprocess; stdout lines and stderr collected."""
 
-    def __init__(self, env: Mapping[str, str], *, args: tuple[str, ...] = ("run",)) -> None:
+    def __init__(self, env: Mapping[str, str], *, args: tuple[str, ...] = ("run",),
+                 command: Sequence[str] | None = None) -> None:
+        """Run ``python -m scheduled_events_exporter *args``, or ``command`` when given (e.g.
+        the exporter inside a sandbox)."""
         self.env = dict(env)
         self.stdout_lines: list[str] = []
         self.stderr_lines: list[str] = []
         self._cond = threading.Condition()
         self._closed_streams = 0
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduled_events_exporter", *args],
+            list(command) if command else [sys.executable, "-m", "scheduled_events_exporter",
+                                           *args],
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 import pytest
 from hypothesis import given
@@ -46,7 +46,8 @@ def ev(
         event_type=event_type,
         resource_type="VirtualMachine",
         resources=resources,
-        not_before=datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC) if status == "Scheduled" else None,
+        not_before=(datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc)
+                    if status == "Scheduled" else None),
         description="Host server is undergoing maintenance.",
         source=source,
         duration=duration,

@@ -15,7 +15,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from email.utils import formatdate
 from pathlib import Path
 from typing import Any
@@ -441,7 +441,7 @@ def test_oversized_transition_is_shrunk_never_dropped() -> None:
         source="Platform",
         duration=5,
     )
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     big = _record(Transition(TransitionKind.SCHEDULED, now, 7, event, notice=900.0))
     message = transition_message(big)
     assert len(message.body) <= MAX_MESSAGE_BYTES

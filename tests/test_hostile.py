@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduled_events_exporter.simulator import Simulator
-from scheduled_events_exporter.simulator.scenarios import Fault
+from scheduled_events_exporter.simulator import Fault, Simulator
 from tests.exporter_process import (
     ExporterProcess,
     clean_env,

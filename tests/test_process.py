@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduled_events_exporter.simulator import Simulator
-from scheduled_events_exporter.simulator.scenarios import Fault
+from scheduled_events_exporter.simulator import Fault, Simulator
 from tests.exporter_process import ExporterProcess, clean_env, free_port, get_json, state_dir
 from tests.peers.rotel import RotelReceiver
 

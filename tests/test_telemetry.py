@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -16,7 +16,7 @@ from scheduled_events_exporter.model import ScheduledEvent
 from scheduled_events_exporter.sinks.otlp import CountingMetricExporter
 from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 class Capture(MetricExporter):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from scheduled_events_exporter.model import Document, ScheduledEvent, TransitionKind
 from scheduled_events_exporter.tracker import TrackerState, note_unchanged, track
 
-T0 = datetime(2022, 4, 11, 22, 0, 0, tzinfo=UTC)
-NB = datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)
+T0 = datetime(2022, 4, 11, 22, 0, 0, tzinfo=timezone.utc)
+NB = datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc)
 GAP = 3.0
 K = TransitionKind
 

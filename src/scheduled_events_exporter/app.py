@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from scheduled_events_exporter.approver import Approver
 from scheduled_events_exporter.config import Config
@@ -30,6 +31,10 @@ from scheduled_events_exporter.sinks import Sink, create_sinks
 from scheduled_events_exporter.state import PersistedState, StateStore
 from scheduled_events_exporter.telemetry import Telemetry, build_resource
 from scheduled_events_exporter.tracker import TrackerState
+from scheduled_events_exporter.write_faults import WriteFault
+
+if TYPE_CHECKING:
+    from scheduled_events_exporter.scrape import ScrapeEndpoint
 
 log = logging.getLogger("scheduled_events_exporter")
 
@@ -72,7 +77,12 @@ class LoggingSink:
 
 
 class StateCommitter:
-    """Saves the state file when the tracker state changed, and at least every minute."""
+    """Saves the state file when the tracker state changed, and at least every minute.
+
+    A failed save (disk full, read-only volume) is logged once per streak by the store and
+    retried at every poll; the records of failed saves ride along in the next save's outbox,
+    so once the disk is writable again a crash still cannot lose them.
+    """
 
     HEARTBEAT = 60.0
 
@@ -86,7 +96,7 @@ class StateCommitter:
         self._approvals = approvals
         self._count_failure = count_failure
         self._last_save = -float("inf")
-        self._failing = False
+        self._unsaved: tuple[TransitionRecord, ...] = ()
         self._lock = threading.Lock()
 
     def commit(
@@ -100,31 +110,23 @@ class StateCommitter:
         """Write the state file (with ``records`` as its outbox) when it is due."""
         now = time.monotonic()
         with self._lock:
-            if not changed and now - self._last_save < self.HEARTBEAT:
+            if not changed and not self._unsaved and now - self._last_save < self.HEARTBEAT:
                 return
+            outbox = (*self._unsaved, *records)
             try:
                 self._store.save(
                     PersistedState(
                         tracker=state,
                         seq=seq,
-                        outbox=records,
+                        outbox=outbox,
                         approvals=tuple(sorted(self._approvals())),
                     )
                 )
-            except OSError as exc:
-                if not self._failing:
-                    log.error(
-                        "cannot write the state file %s (%s); a restart would forget "
-                        "what was seen since",
-                        self._store.path,
-                        exc,
-                    )
-                self._failing = True
+            except OSError:  # logged once per streak by the store
+                self._unsaved = outbox
                 self._count_failure("state", "state", 1)
                 return
-            if self._failing:
-                log.info("state file written again")
-            self._failing = False
+            self._unsaved = ()
             self._last_save = now
 
 
@@ -141,8 +143,16 @@ class Exporter:
         )
         self._telemetry: Telemetry | None = None
         self.sinks: list[Sink] = create_sinks(config, self._count_failure)
+        self.scrape: ScrapeEndpoint | None = None
+        if "prometheus" in config.metrics_exporters:
+            # Imported only when selected: prometheus_client costs start-up time and memory.
+            from scheduled_events_exporter.scrape import ScrapeEndpoint
+
+            self.scrape = ScrapeEndpoint(*config.prometheus_addr)  # binds: a busy port fails here
         instance = self._first_instance()
         readers = [r for s in self.sinks for r in s.metric_readers()]
+        if self.scrape is not None:
+            readers.extend(self.scrape.metric_readers())
         self.telemetry = Telemetry(
             readers=readers,
             resource=build_resource(instance),
@@ -218,6 +228,7 @@ class Exporter:
                     poll_interval=config.poll_interval,
                     request_timeout=max(config.imds_first_timeout, config.imds_timeout),
                     staleness_limit=config.staleness_limit,
+                    write_faults=self._state_faults,
                 ),
             )
         if not instance.vm_id:
@@ -234,6 +245,8 @@ class Exporter:
             ", ".join(self.config.sinks),
         )
         self._thread.start()
+        if self.scrape is not None:
+            self.scrape.start(self.telemetry.per_event_metrics)
         if self.health is not None:
             self.health.start()
 
@@ -258,6 +271,8 @@ class Exporter:
                     "sink %s: %d records not delivered at shutdown", sink.name, status.pending
                 )
                 drained = False
+        if self.scrape is not None:
+            self.scrape.stop()
         self.telemetry.shutdown(max(0.5, deadline - time.monotonic()))
         if self.health is not None:
             self.health.stop()
@@ -267,6 +282,10 @@ class Exporter:
     def _metrics_changed(self) -> None:
         for sink in self.sinks:
             sink.metrics_changed()
+
+    def _state_faults(self) -> tuple[WriteFault, ...]:
+        fault = self.store.fault if self.store else None
+        return (fault,) if fault else ()
 
     def _count_failure(self, sink: str, signal: str, count: int) -> None:
         if self._telemetry is not None:

@@ -21,6 +21,8 @@ from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_co
 
 SINK_NAMES = ("otlp", "eventhubs", "console")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+#: OTEL_METRICS_EXPORTER values we implement (OTel SDK environment variable specification).
+METRICS_EXPORTER_NAMES = ("otlp", "prometheus", "none")
 REDACTED = "<redacted>"
 #: Variables whose values are secrets (never printed, logged or put in health output).
 SECRET_VARIABLES = frozenset(
@@ -40,6 +42,8 @@ _OTEL_SHOWN_PREFIXES = (
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_METRIC_EXPORT_",
     "OTEL_BLRP_",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_EXPORTER_PROMETHEUS_",
 )
 _MAX_VALUE = 4096
 
@@ -82,6 +86,17 @@ class Config:
     metric_export_interval: float = 60.0
     log_level: str = "INFO"
     approval: ApprovalConfig | None = None
+    #: OTEL_METRICS_EXPORTER as given ("otlp", "prometheus"; () for none); None: follow SEE_SINKS.
+    metrics_exporters_set: tuple[str, ...] | None = None
+    #: Where the Prometheus scrape endpoint listens (OTEL_EXPORTER_PROMETHEUS_HOST / _PORT).
+    prometheus_addr: tuple[str, int] = ("0.0.0.0", 9464)
+
+    @property
+    def metrics_exporters(self) -> tuple[str, ...]:
+        """The OTel metric exporters in effect: as set, else ``otlp`` when that sink is on."""
+        if self.metrics_exporters_set is not None:
+            return self.metrics_exporters_set
+        return ("otlp",) if "otlp" in self.sinks else ()
 
     @property
     def gap_threshold(self) -> float:
@@ -115,6 +130,12 @@ class Config:
                          f"{self.eventhub_metrics_name or '(the transitions hub)'}")
             lines.append(f"SEE_EVENTHUB_HEARTBEAT={self.eventhub_heartbeat:g}")
         lines.extend(self.approval.describe() if self.approval else ["SEE_APPROVE= (off)"])
+        # Effective values of the OTel metric exporter settings when left to their defaults.
+        defaults = {"OTEL_METRICS_EXPORTER": ",".join(self.metrics_exporters) or "none"}
+        if "prometheus" in self.metrics_exporters:
+            defaults["OTEL_EXPORTER_PROMETHEUS_HOST"] = self.prometheus_addr[0]
+            defaults["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(self.prometheus_addr[1])
+        lines.extend(f"{k}={v} (default)" for k, v in defaults.items() if k not in env)
         for key in sorted(env):
             if key.startswith(_OTEL_SHOWN_PREFIXES):
                 value = REDACTED if key in SECRET_VARIABLES else env[key]
@@ -212,6 +233,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
                       "ending with a letter or digit)")
     if "eventhubs" in sinks:
         problems.extend(_check_eventhubs(connection_string, namespace, hub))
+        problems.extend(_check_eventhubs_library(sinks, need_identity=not connection_string))
 
     protocol = "http/protobuf"
     for name in (
@@ -242,6 +264,30 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         _bounded_int(1000, 86_400_000),
         60_000,
         "milliseconds, an integer from 1000 to 86400000",
+    )
+    metrics_exporters: tuple[str, ...] | None = get(
+        "OTEL_METRICS_EXPORTER",
+        _parse_metrics_exporters,
+        None,
+        "a comma-separated list of otlp, prometheus without repeats, or none",
+    )
+    if metrics_exporters and "otlp" in metrics_exporters and "otlp" not in sinks:
+        problems.append(
+            f"OTEL_METRICS_EXPORTER={_show(env.get('OTEL_METRICS_EXPORTER', ''))}: otlp metrics "
+            f"need the otlp sink, expected SEE_SINKS to include otlp "
+            f"(SEE_SINKS is {','.join(sinks)})"
+        )
+    prometheus_host = get(
+        "OTEL_EXPORTER_PROMETHEUS_HOST",
+        _parse_host,
+        "0.0.0.0",
+        "a host name or IP address to listen on (e.g. 0.0.0.0, 127.0.0.1, ::)",
+    )
+    prometheus_port = get(
+        "OTEL_EXPORTER_PROMETHEUS_PORT",
+        _bounded_int(0, 65535),
+        9464,
+        "a TCP port, an integer from 0 to 65535",
     )
 
     state_dir: Path | None = None
@@ -277,6 +323,8 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         metric_export_interval=metric_interval_ms / 1000.0,
         log_level=log_level,
         approval=approval,
+        metrics_exporters_set=metrics_exporters,
+        prometheus_addr=(prometheus_host, prometheus_port),
     )
 
 
@@ -344,6 +392,26 @@ def _parse_sinks(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _parse_metrics_exporters(text: str) -> tuple[str, ...]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names) or any(
+        n not in METRICS_EXPORTER_NAMES for n in names
+    ):
+        raise ValueError(text)
+    if "none" in names:
+        if len(names) > 1:  # "none" beside an exporter is a contradiction, not a preference
+            raise ValueError(text)
+        return ()
+    return tuple(names)
+
+
+def _parse_host(text: str) -> str:
+    host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if not host or len(host) > 253 or any(c.isspace() or c in "/@?#[]" for c in host):
+        raise ValueError(text)
+    return host
+
+
 def _implicit_sinks(
     env: Mapping[str, str], connection_string: str, namespace: str
 ) -> tuple[str, ...]:
@@ -382,6 +450,29 @@ def _check_eventhubs(connection_string: str, namespace: str, hub: str) -> list[s
     if not hub:
         problems.append("SEE_EVENTHUB_NAME='': expected the event hub name")
     return problems
+
+
+def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> list[str]:
+    """The Event Hubs sink's packages are regular dependencies, but a trimmed install (or an
+    old one made without them) must fail as a configuration error, not with a traceback."""
+    missing = []
+    try:
+        import azure.eventhub
+    except ImportError:
+        missing.append("azure-eventhub==5.15.1")
+    if need_identity:
+        try:
+            import azure.identity  # noqa: F401
+        except ImportError:
+            missing.append("azure-identity==1.27.0")
+    if not missing:
+        return []
+    names = " and ".join(m.split("=")[0] for m in missing)
+    return [f"SEE_SINKS={','.join(sinks)!r}: the eventhubs sink needs {names}, which "
+            f"{'are' if len(missing) > 1 else 'is'} not installed; expected "
+            f"{'them' if len(missing) > 1 else 'it'} installed "
+            f"(pip install {' '.join(repr(m) for m in missing)}) or eventhubs removed from "
+            "SEE_SINKS"]
 
 
 def _check_writable(path: Path) -> str:

@@ -3,7 +3,10 @@
 ``/healthz``: the process is alive and the poll loop is ticking (not wedged past the longest
 request plus the longest retry delay). ``/readyz``: a good IMDS document within
 ``SEE_STALENESS_LIMIT`` and no sink whose oldest undelivered record has waited longer than that
-(an idle sink is healthy). Nothing here reads a secret: sink errors are our own messages.
+(an idle sink is healthy), no sink refusing us for a configuration reason (authentication,
+endpoint), and every file under the state directory writable (a full or read-only volume is
+reported with the file and the reason while the exporter goes on from memory). Nothing here
+reads a secret: sink errors are our own messages.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from scheduled_events_exporter.sinks.base import SinkStatus
+from scheduled_events_exporter.write_faults import WriteFault
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ class HealthInputs:
     request_timeout: float
     staleness_limit: float
     monotonic: Callable[[], float] = time.monotonic
+    #: Files outside the sinks (the state file) that cannot be written right now.
+    write_faults: Callable[[], Sequence[WriteFault]] = tuple
 
 
 def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
@@ -62,19 +68,23 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     sinks: dict[str, object] = {}
     failing: list[str] = []
     statuses = list(inputs.sink_status())
+    faults = list(inputs.write_faults())
     for status in statuses:
-        is_failing = status.oldest_wait > inputs.staleness_limit
+        is_failing = status.oldest_wait > inputs.staleness_limit or bool(status.config_error)
         if is_failing:
             failing.append(status.name)
+        faults.extend(status.write_faults)
         sinks[status.name] = {
             "pending": status.pending,
             "oldest_wait_seconds": round(status.oldest_wait, 3),
             "failing": is_failing,
             "consecutive_failures": status.consecutive_failures,
             "last_error": status.last_error,
+            "config_error": status.config_error,
             "dropped": status.dropped,
+            "dead_lettered": status.dead_lettered,
         }
-    ok = fresh and not failing
+    ok = fresh and not failing and not faults
     reasons = []
     if not fresh:
         reasons.append(
@@ -83,6 +93,7 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
             else f"last good IMDS document {age:.1f} s ago"
         )
     reasons.extend(f"sink {name} failing" for name in failing)
+    reasons.extend(f"cannot write {f.file}: {f.error}" for f in faults)
     body: dict[str, object] = {
         "status": "ready" if ok else "not ready",
         "reasons": reasons,
@@ -91,6 +102,18 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
         "imds_last_outcome": inputs.last_outcome(),
         "sinks": sinks,
         "spool_depth": sum(s.pending for s in statuses),
+        "storage": {
+            "writable": not faults,
+            "faults": [
+                {
+                    "file": f.file,
+                    "error": f.error,
+                    "failing_for_seconds": round(max(0.0, now - f.since), 3),
+                    "failed_writes": f.failures,
+                }
+                for f in faults
+            ],
+        },
     }
     return ok, body
 

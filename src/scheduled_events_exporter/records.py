@@ -80,7 +80,9 @@ class TransitionRecord:
 def rfc3339(moment: datetime) -> str:
     """UTC RFC 3339 with millisecond precision and a ``Z`` suffix."""
     utc = moment.astimezone(timezone.utc)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    # Not strftime("%Y"): glibc writes year 999 as "999", which RFC 3339 does not allow.
+    return (f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:"
+            f"{utc.second:02d}.{utc.microsecond // 1000:03d}Z")
 
 
 def record_id(transition: Transition, vm_key: str) -> str:

@@ -9,6 +9,7 @@ or it has grown past a bound, so the file stays small in steady state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,7 +19,8 @@ from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, encode_record
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.state import write_atomically
+from scheduled_events_exporter.state import write_all, write_atomically
+from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,13 @@ class Spool:
         self.last_seq = self.acked
         self._pending: list[TransitionRecord] = []
         self._loaded = False
+        self.watch = WriteWatch(self.log_path, f"spool of sink {sink}",
+                                "its records are held in memory (a crash now would lose them)")
+
+    @property
+    def fault(self) -> WriteFault | None:
+        """Why the last spool write failed, while it does."""
+        return self.watch.fault
 
     def load(self) -> list[TransitionRecord]:
         """Records appended but not acknowledged, in order (read once, at start)."""
@@ -74,7 +83,11 @@ class Spool:
             return list(self._pending)
 
     def append(self, records: Sequence[TransitionRecord]) -> list[TransitionRecord]:
-        """Durably append the records not already here; returns those actually appended."""
+        """Durably append the records not already here; returns those actually appended.
+
+        Raises ``OSError`` (disk full, read-only) after cutting off whatever part of the lines
+        reached the file, so a later append never lands after a torn line.
+        """
         with self._lock:
             fresh = [r for r in records if r.seq > self.last_seq]
             if not fresh:
@@ -86,35 +99,70 @@ class Spool:
                 + b"\n"
                 for r in fresh
             )
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                self._append_bytes(data)
+            except OSError as exc:
+                self.watch.failed(exc, self.log_path)
+                raise
+            self.watch.succeeded()
             self.last_seq = fresh[-1].seq
             return fresh
 
+    def _append_bytes(self, data: bytes) -> None:
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                write_all(fd, data)
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):  # best effort; load() skips a torn line
+                    os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
+
     def ack(self, seq: int) -> None:
-        """Everything up to ``seq`` is delivered (or dropped)."""
+        """Everything up to ``seq`` is delivered (or dropped). Raises ``OSError`` when the
+        cursor cannot be written (the records were delivered; a stale cursor only repeats)."""
         with self._lock:
             if seq <= self.acked:
                 return
-            self.acked = seq
-            write_atomically(self.ack_path, str(seq).encode())
-            if seq >= self.last_seq:
-                # All delivered: the log restarts empty (the common, steady-state case).
-                write_atomically(self.log_path, b"")
-                return
             try:
-                size = self.log_path.stat().st_size
-            except FileNotFoundError:
-                return
-            if size > COMPACT_BYTES:
-                # Re-read under the lock so lines appended since the caller looked are kept.
-                with self.log_path.open("rb") as handle:
-                    kept = [line for line in handle if _line_seq(line) > seq]
-                write_atomically(self.log_path, b"".join(kept))
+                self._write_ack(seq)
+            except OSError as exc:
+                self.watch.failed(exc, self.ack_path)
+                raise
+            self.watch.succeeded()
+
+    def probe(self, seq: int) -> None:
+        """Write the ack cursor (at least ``seq``) even when it did not change: after a write
+        failure, tells whether the disk is writable again although nothing waits to be written.
+        Raises ``OSError`` while it is not."""
+        with self._lock:
+            try:
+                self._write_ack(max(seq, self.acked))
+            except OSError as exc:
+                self.watch.failed(exc, self.ack_path)
+                raise
+            self.watch.succeeded()
+
+    def _write_ack(self, seq: int) -> None:
+        write_atomically(self.ack_path, str(seq).encode())
+        self.acked = seq
+        if seq >= self.last_seq:
+            # All delivered: the log restarts empty (the common, steady-state case).
+            write_atomically(self.log_path, b"")
+            return
+        try:
+            size = self.log_path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size > COMPACT_BYTES:
+            # Re-read under the lock so lines appended since the caller looked are kept.
+            with self.log_path.open("rb") as handle:
+                kept = [line for line in handle if _line_seq(line) > seq]
+            write_atomically(self.log_path, b"".join(kept))
 
     def _read_ack(self) -> int:
         try:

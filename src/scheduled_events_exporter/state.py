@@ -9,6 +9,8 @@ forgets a transition.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -19,6 +21,7 @@ from pathlib import Path
 from scheduled_events_exporter.codec import decode_record, decode_state, encode_record, encode_state
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.tracker import TrackerState
+from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +41,36 @@ class PersistedState:
     approvals: tuple[str, ...] = ()
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written: a nearly full disk first writes *part* of a
+    buffer and only fails on the next call, so a single unchecked write can leave a torn file."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
+
 def write_atomically(path: Path, data: bytes) -> None:
-    """temp file + fsync + rename + directory fsync: readers see the old or the new file whole."""
+    """temp file + fsync + rename + directory fsync: readers see the old or the new file whole.
+
+    On any failure (a full or read-only disk) the temp file is removed and ``path`` is left
+    exactly as it was; the ``OSError`` is raised to the caller.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # gone already, or the directory is read-only
+            os.unlink(tmp)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -62,6 +85,14 @@ class StateStore:
         self.directory = directory
         self.path = directory / STATE_FILE
         directory.mkdir(parents=True, exist_ok=True)
+        self.watch = WriteWatch(self.path, "state file",
+                                "the previous state file stays intact and a restart would "
+                                "not know what was seen since")
+
+    @property
+    def fault(self) -> WriteFault | None:
+        """Why the last save failed, while it does."""
+        return self.watch.fault
 
     def load(self) -> PersistedState | None:
         """The saved state; ``None`` when there is none or it is unusable (then set aside)."""
@@ -107,7 +138,8 @@ class StateStore:
             return None
 
     def save(self, state: PersistedState) -> None:
-        """Write the state atomically (raises ``OSError``; the caller decides what it means)."""
+        """Write the state atomically; a failure is logged once per streak and raised as
+        ``OSError`` (the previous file is left intact)."""
         data = {
             "schema": SCHEMA_VERSION,
             "saved_at": time.time(),
@@ -116,4 +148,9 @@ class StateStore:
             "outbox": [encode_record(r) for r in state.outbox],
             "approvals": list(state.approvals),
         }
-        write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
+        try:
+            write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
+        except OSError as exc:
+            self.watch.failed(exc)
+            raise
+        self.watch.succeeded()

@@ -216,13 +216,14 @@ def alert_rule_queries() -> list[KqlQuery]:
 
 
 def dcr_flows() -> list[dict[str, Any]]:
-    """The dataFlows of the Event Hubs data collection rule."""
+    """The dataFlows of every Event Hubs data collection rule (one rule per event hub)."""
     template = load_json(AZURE_DIR / "event-hubs-ingestion.json")
-    (dcr,) = [
-        r for r in template["resources"] if r["type"] == "Microsoft.Insights/dataCollectionRules"
+    return [
+        flow
+        for r in template["resources"]
+        if r["type"] == "Microsoft.Insights/dataCollectionRules"
+        for flow in r["properties"]["dataFlows"]
     ]
-    flows: list[dict[str, Any]] = dcr["properties"]["dataFlows"]
-    return flows
 
 
 def dcr_queries() -> list[KqlQuery]:
@@ -253,13 +254,22 @@ def _variable_sample(name: str) -> str:
     return {"vm": "vm-1"}.get(name, "sample")
 
 
-def expand_grafana_macros(query: str) -> str:
-    """Expand the Azure Monitor data source's macros and template variables into plain KQL."""
+def expand_grafana_macros(query: str, *, all_value: str | None = None) -> str:
+    """Expand the Azure Monitor data source's macros and template variables into plain KQL.
+
+    ``all_value``: expand ``$__contains`` as the "All" option does when the variable's
+    ``allValue`` is that text (Grafana passes a custom allValue unformatted, and the data source's
+    macro turns ``all`` into ``1 == 1``; anything else becomes a one-value ``in`` list).
+    """
     text = query
+
+    def contains(m: re.Match[str]) -> str:
+        if all_value is None:
+            return f"{m[1]} in ('{_variable_sample(m[2])}', 'vm-2')"
+        return "1 == 1" if all_value == "all" else f"{m[1]} in ({all_value})"
+
     text = re.sub(
-        r"\$__contains\(\s*([A-Za-z_][\w.]*)\s*,\s*\$\{?(\w+)\}?\s*\)",
-        lambda m: f"{m[1]} in ('{_variable_sample(m[2])}', 'vm-2')",
-        text,
+        r"\$__contains\(\s*([A-Za-z_][\w.]*)\s*,\s*\$\{?(\w+)\}?\s*\)", contains, text
     )
     text = re.sub(
         r"\$__escapeMulti\(\s*\$\{?(\w+)\}?\s*\)", lambda m: f"'{_variable_sample(m[1])}'", text
@@ -337,13 +347,26 @@ SPEC_INSTRUMENTS: tuple[Instrument, ...] = tuple(Instrument(n, k, u) for n, k, u
 _KINDS = {"Gauge": "gauge", "Sum": "counter", "Histogram": "histogram"}
 
 
+@dataclass(frozen=True, slots=True)
+class ObservedMetric:
+    """One metric as a real OTLP receiver saw it: name, kind, unit, and every attribute key of
+    its data points and of the resource that sent it."""
+
+    name: str
+    kind: str
+    unit: str
+    point_attributes: frozenset[str]
+    resource_attributes: frozenset[str]
+
+
 @functools.cache
-def observed_instruments() -> tuple[Instrument, ...]:
-    """The instruments a real exporter run delivers to a real OTLP collector (rotel).
+def observed_metrics() -> tuple[ObservedMetric, ...]:
+    """The metrics a real exporter run delivers to a real OTLP collector (rotel), by name.
 
     The run is arranged so every instrument has a point: a pending user Reboot (per-event
     gauges, notice), dry-run approval (approvals), and a logs endpoint nobody listens on while
-    metrics reach the collector (export.failures).
+    metrics reach the collector (export.failures). Attribute keys are the union over every
+    export of the run.
     """
     from scheduled_events_exporter.simulator import Simulator
     from tests.exporter_process import ExporterProcess, clean_env, free_port
@@ -367,12 +390,24 @@ def observed_instruments() -> tuple[Instrument, ...]:
                 "azure.scheduled_events.export.failures", timeout=60)
             proc.wait_until(lambda: wanted <= {m.name for m in rotel.metrics}, timeout=30)
             proc.terminate()
-        seen: dict[str, Instrument] = {}
+        seen: dict[str, ObservedMetric] = {}
         for metric in rotel.metrics:
-            if metric.name.startswith("azure.scheduled_events."):
-                seen[metric.name] = Instrument(metric.name, _KINDS.get(metric.kind, metric.kind),
-                                               metric.unit)
-    return tuple(sorted(seen.values(), key=lambda i: i.name))
+            if not metric.name.startswith("azure.scheduled_events."):
+                continue
+            before = seen.get(metric.name)
+            points = frozenset(k for p in metric.points for k in p.attributes)
+            resource = frozenset(metric.resource)
+            seen[metric.name] = ObservedMetric(
+                metric.name, _KINDS.get(metric.kind, metric.kind), metric.unit,
+                points | (before.point_attributes if before else frozenset()),
+                resource | (before.resource_attributes if before else frozenset()),
+            )
+    return tuple(sorted(seen.values(), key=lambda m: m.name))
+
+
+def observed_instruments() -> tuple[Instrument, ...]:
+    """The instruments of :func:`observed_metrics` (name, kind, unit)."""
+    return tuple(Instrument(m.name, m.kind, m.unit) for m in observed_metrics())
 
 
 _UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent", "1": ""}
@@ -688,6 +723,31 @@ def run_tsc(modules: Mapping[str, str]) -> dict[str, list[str]]:
 def all_checked_kql() -> list[KqlQuery]:
     """Every KQL text the project ships: query pack, alert rules, DCR transforms, dashboards."""
     return pack_queries() + alert_rule_queries() + dcr_queries() + grafana_kql_queries()
+
+
+def alert_queries_without_tables() -> list[KqlQuery]:
+    """The alert rule queries analysed against an empty database: how they fare while their
+    tables do not exist yet, or after 30 days without data (ids end in ``#no-tables``)."""
+    return [KqlQuery(f"{q.id}#no-tables", q.text, ()) for q in alert_rule_queries()]
+
+
+def grafana_kql_queries_all_selected() -> list[KqlQuery]:
+    """Dashboard KQL with every multi-value variable on "All", expanded as Grafana and the Azure
+    Monitor data source do (ids end in ``#all``); a variable without ``allValue`` expands to the
+    sample list, which the tests reject separately."""
+    out = []
+    for name, dashboard in grafana_dashboards().items():
+        all_values = {
+            v["name"]: v.get("allValue")
+            for v in dashboard.get("templating", {}).get("list", [])
+            if v.get("includeAll")
+        }
+        for where, query in _azure_log_queries(dashboard, name):
+            used = [n for n in all_values if f"${n}" in query or f"${{{n}}}" in query]
+            value = next((all_values[n] for n in used if all_values[n]), None)
+            text = expand_grafana_macros(query, all_value=value)
+            out.append(KqlQuery(f"{where}#all", text, landing_tables("eventhubs")))
+    return out
 
 
 #: A query using a column that does not exist: the checker must report it.

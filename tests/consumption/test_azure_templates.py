@@ -35,16 +35,17 @@ def table(name: str) -> dict[str, Any]:
 
 
 def test_transitions_table_matches_records_columns() -> None:
+    # Same types; the tables API spells them its own way (dateTime), which the schema test enforces.
     res = table(ch.TRANSITIONS_TABLE)
-    columns = [(c["name"], c["type"]) for c in res["properties"]["schema"]["columns"]]
-    assert columns == list(COLUMNS)
+    columns = [(c["name"], c["type"].lower()) for c in res["properties"]["schema"]["columns"]]
+    assert columns == [(n, t.lower()) for n, t in COLUMNS]
     assert f"/{ch.TRANSITIONS_TABLE}'" in res["name"]
 
 
 def test_metrics_table_matches_declared_columns() -> None:
     res = table(ch.METRICS_TABLE)
-    columns = [(c["name"], c["type"]) for c in res["properties"]["schema"]["columns"]]
-    assert columns == list(ch.METRICS_COLUMNS)
+    columns = [(c["name"], c["type"].lower()) for c in res["properties"]["schema"]["columns"]]
+    assert columns == [(n, t.lower()) for n, t in ch.METRICS_COLUMNS]
 
 
 def test_every_column_is_described() -> None:
@@ -53,9 +54,12 @@ def test_every_column_is_described() -> None:
             assert column.get("description"), (name, column["name"])
 
 
-def test_data_collection_rule_reads_event_hubs() -> None:
-    template = ch.load_json(INGESTION)
-    (dcr,) = resources(template, "Microsoft.Insights/dataCollectionRules")
+@pytest.mark.parametrize(
+    "dcr",
+    resources(ch.load_json(INGESTION), "Microsoft.Insights/dataCollectionRules"),
+    ids=lambda r: r["name"],
+)
+def test_data_collection_rule_reads_event_hubs(dcr: dict[str, Any]) -> None:
     props = dcr["properties"]
     assert dcr["identity"]["type"] in ("SystemAssigned", "systemAssigned")
     (stream_name,) = props["streamDeclarations"]
@@ -72,32 +76,46 @@ def test_data_collection_rule_reads_event_hubs() -> None:
         assert flow["transformKql"].lstrip().startswith("source")
 
 
-def test_association_is_scoped_to_the_event_hub() -> None:
+def test_associations_are_scoped_to_the_event_hubs() -> None:
+    # One rule per hub: the transitions rule on the transitions hub, the metrics rule on the
+    # metrics hub (never the other way round, or each would ingest the other's messages).
     template = ch.load_json(INGESTION)
-    (assoc,) = resources(template, "Microsoft.Insights/dataCollectionRuleAssociations")
-    assert assoc["scope"] == "[variables('eventHubId')]"
-    assert template["variables"]["eventHubId"].startswith(
-        "[resourceId('Microsoft.EventHub/namespaces/eventhubs'"
-    )
-    assert assoc["properties"]["dataCollectionRuleId"] == "[variables('dcrId')]"
+    assocs = resources(template, "Microsoft.Insights/dataCollectionRuleAssociations")
+    pairs = {(a["scope"], a["properties"]["dataCollectionRuleId"]) for a in assocs}
+    assert pairs == {
+        ("[variables('eventHubId')]", "[variables('dcrId')]"),
+        ("[variables('metricsEventHubId')]", "[variables('metricsDcrId')]"),
+    }
+    for var in ("eventHubId", "metricsEventHubId"):
+        assert template["variables"][var].startswith(
+            "[resourceId('Microsoft.EventHub/namespaces/eventhubs'"
+        )
 
 
 def test_role_assignments() -> None:
     template = ch.load_json(INGESTION)
     assignments = resources(template, "Microsoft.Authorization/roleAssignments")
-    by_role: dict[str, dict[str, Any]] = {}
+    by_role: dict[str, dict[str, dict[str, Any]]] = {}
     for a in assignments:
         role_var = re.fullmatch(r"\[variables\('(\w+)'\)\]", a["properties"]["roleDefinitionId"])
         assert role_var, a
         guid = re.search(r"'([0-9a-f-]{36})'", template["variables"][role_var[1]])
         assert guid, role_var[1]
-        by_role[guid[1]] = a
-        assert a["scope"] == "[variables('eventHubId')]"
-    receiver = by_role[ROLE_EVENT_HUBS_DATA_RECEIVER]
-    assert "identity.principalId" in receiver["properties"]["principalId"]
-    assert "variables('dcrId')" in receiver["properties"]["principalId"]
-    sender = by_role[ROLE_EVENT_HUBS_DATA_SENDER]
-    assert sender["properties"]["principalId"] == "[parameters('exporterPrincipalId')]"
+        by_role.setdefault(guid[1], {})[a["scope"]] = a
+    hubs = {
+        "[variables('eventHubId')]": "dcrId",
+        "[variables('metricsEventHubId')]": "metricsDcrId",
+    }
+    receivers = by_role[ROLE_EVENT_HUBS_DATA_RECEIVER]
+    assert set(receivers) == set(hubs)
+    for scope, dcr in hubs.items():
+        principal = receivers[scope]["properties"]["principalId"]
+        assert "identity.principalId" in principal and f"variables('{dcr}')" in principal
+    senders = by_role[ROLE_EVENT_HUBS_DATA_SENDER]
+    assert set(senders) == set(hubs)
+    for sender in senders.values():
+        assert sender["properties"]["principalId"] == "[parameters('exporterPrincipalId')]"
+        assert "empty(parameters('exporterPrincipalId'))" in sender["condition"]
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)

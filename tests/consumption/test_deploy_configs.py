@@ -118,9 +118,10 @@ def test_collector_reference_shape() -> None:
     config = collector()
     assert set(config["receivers"]["otlp"]["protocols"]) == {"grpc", "http"}
     pipelines = config["service"]["pipelines"]
-    assert pipelines["logs"]["exporters"] == ["otlphttp/azuremonitor"]
+    assert pipelines["logs"]["exporters"] == ["otlp_http/azuremonitor"]
     assert "prometheus" in pipelines["metrics"]["exporters"]
-    azure = config["exporters"]["otlphttp/azuremonitor"]
+    assert pipelines["metrics/azuremonitor"]["exporters"] == ["otlp_http/azuremonitor"]
+    azure = config["exporters"]["otlp_http/azuremonitor"]
     assert azure["logs_endpoint"] and azure["metrics_endpoint"]
     assert azure["auth"]["authenticator"] in config["extensions"]
     assert "connection_string" in config["exporters"]["azuremonitor"]
@@ -129,6 +130,48 @@ def test_collector_reference_shape() -> None:
     assert prom["resource_to_telemetry_conversion"]["enabled"] is True
     assert config["exporters"]["prometheusremotewrite"]["endpoint"]
     assert COLLECTOR.read_text(encoding="utf-8").startswith("# ")
+
+
+#: Component types renamed to lower_snake_case, with the deprecated alias (collector v0.144.0 for
+#: otlphttp -> otlp_http; the contrib azure auth extension declares type azure_auth, deprecated
+#: type azureauth).
+DEPRECATED_COMPONENTS = {"otlphttp": "otlp_http", "azureauth": "azure_auth"}
+
+
+def component_type(component_id: str) -> str:
+    return component_id.split("/", 1)[0]
+
+
+def test_collector_uses_current_component_names() -> None:
+    config = collector()
+    for section in ("receivers", "processors", "exporters", "extensions"):
+        for component in config.get(section, {}):
+            assert component_type(component) not in DEPRECATED_COMPONENTS, component
+
+
+def test_delta_conversion_never_reaches_the_rate_rules() -> None:
+    # Application Insights wants delta temporality; the PromQL rules use rate()/increase(), which
+    # need cumulative counters. The converter exists for the Azure Monitor pipeline only and
+    # excludes this exporter's metrics.
+    config = collector()
+    (name,) = [p for p in config["processors"] if component_type(p) == "cumulativetodelta"]
+    exclude = config["processors"][name]["exclude"]
+    assert exclude["match_type"] == "regexp"
+    assert any(re.match(rx, "azure.scheduled_events.export.failures") for rx in exclude["metrics"])
+    for pipeline_name, pipeline in config["service"]["pipelines"].items():
+        if "prometheus" in pipeline.get("exporters", []) or "prometheusremotewrite" in pipeline.get(
+            "exporters", []
+        ):
+            assert name not in pipeline.get("processors", []), pipeline_name
+    scrape = config["service"]["pipelines"]["metrics"]
+    assert "otlp_http/azuremonitor" not in scrape["exporters"]
+
+
+def test_collector_documents_the_preview_and_endpoints() -> None:
+    text = COLLECTOR.read_text(encoding="utf-8")
+    assert "--name OtlpApplicationInsights --namespace Microsoft.Insights" in text
+    assert "copied from the portal" in text
+    assert "OTEL_METRIC_EXPORT_INTERVAL" in text
 
 
 # --------------------------------------------------------------------------------------- systemd

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from scheduled_events_exporter.simulator.scenarios import Fault
+from scheduled_events_exporter.simulator.faults import Fault
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 INSTANCE_PATH = "/metadata/instance"

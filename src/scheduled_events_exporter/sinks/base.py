@@ -16,8 +16,10 @@ from opentelemetry.sdk.metrics.export import Metric, MetricReader
 from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.dead_letter import DeadLetterFile
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.spool import Spool
+from scheduled_events_exporter.write_faults import WriteFault
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,13 @@ class SinkStatus:
     dropped: int
     #: Highest record sequence number this sink has seen (spooled or delivered).
     last_seq: int = 0
+    #: Records rejected permanently and moved to the dead-letter file since start.
+    dead_lettered: int = 0
+    #: Set while the sink refuses us for a configuration reason (authentication, endpoint):
+    #: records are kept and retried, but nothing will arrive until someone fixes it.
+    config_error: str = ""
+    #: Files of this sink (spool, dead letter) that cannot be written right now.
+    write_faults: tuple[WriteFault, ...] = ()
 
 
 class Sink(Protocol):
@@ -80,3 +89,10 @@ def open_spool(config: Config, sink: str) -> Spool | None:
     if config.state_dir is None:
         return None
     return Spool(config.state_dir / "spool", sink)
+
+
+def open_dead_letter(config: Config) -> DeadLetterFile | None:
+    """The dead-letter file under the state directory (none when state is disabled)."""
+    if config.state_dir is None:
+        return None
+    return DeadLetterFile(config.state_dir)

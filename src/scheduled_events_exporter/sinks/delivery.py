@@ -1,13 +1,26 @@
 """The delivery worker every sink uses: an ordered, bounded queue drained by one thread.
 
-Records are delivered in order and acknowledged only when the sink's ``deliver`` returns; a
-failure keeps them queued and retries with capped exponential backoff. The SDK's own
-``BatchLogRecordProcessor`` cannot do this: it drops a batch whose export failed and reports
-nothing, which would lose exactly the record an SRE needs after an outage.
+Records are delivered in order and acknowledged only when the sink's ``deliver`` returns. What
+happens on a failure depends on its :class:`FailureKind` (the OpenTelemetry Collector's rule:
+transient errors are retried, permanent ones are not):
+
+* transient (429, 502-504, other 5xx, timeouts, connection refused, the hub's retriable errors):
+  the records stay queued and are retried with capped exponential backoff; nothing is lost;
+* configuration (401/403 authentication, 404 endpoint): retried the same way, logged as an
+  error at the start of the streak and every few minutes, and ``/readyz`` fails at once;
+* permanent (other 4xx, a message too large for the hub): a batch is re-sent one record at a
+  time to find the culprit; a record rejected on its own goes to the dead-letter file
+  (:mod:`~scheduled_events_exporter.dead_letter`), is counted and logged, and the worker goes
+  on with the next one.
+
+The SDK's own ``BatchLogRecordProcessor`` cannot do this: it drops a batch whose export failed
+and reports nothing, which would lose exactly the record an SRE needs after an outage.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import logging
 import random
 import threading
@@ -15,17 +28,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.records import TransitionRecord
+from scheduled_events_exporter.dead_letter import DeadLetter, DeadLetterFile
+from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.sinks.base import (
     ExtraMetrics,
     FailureCounter,
     SinkStatus,
+    open_dead_letter,
     open_spool,
 )
 from scheduled_events_exporter.spool import Spool
@@ -35,10 +51,32 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 256
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
+#: A configuration error (authentication, endpoint) is logged again this often while it lasts.
+CONFIG_ERROR_REPEAT = 300.0
+#: An idle worker whose spool or dead-letter file could not be written looks again this often.
+STORAGE_RETRY = 5.0
+
+
+class FailureKind(enum.Enum):
+    """How a failed delivery is handled (see the module docstring)."""
+
+    TRANSIENT = "transient"
+    CONFIG = "config"
+    PERMANENT = "permanent"
 
 
 class DeliveryError(Exception):
-    """A sink could not deliver a batch; the message is safe to log (no secrets)."""
+    """A sink could not deliver a batch; the message is safe to log (no secrets).
+
+    ``status`` names what the peer answered (``HTTP 400``, ``gRPC INVALID_ARGUMENT``), empty
+    when it did not answer.
+    """
+
+    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT,
+                 status: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +87,10 @@ class _Queued:
 
 
 class DeliveryWorker:
-    """Drains submitted records into ``deliver`` on a daemon thread."""
+    """Drains submitted records into ``deliver`` on a daemon thread.
+
+    ``payload`` renders a record as the sink would send it, for the dead-letter file.
+    """
 
     def __init__(
         self,
@@ -59,6 +100,8 @@ class DeliveryWorker:
         *,
         max_records: int,
         spool: Spool | None = None,
+        dead_letter: DeadLetterFile | None = None,
+        payload: Callable[[TransitionRecord], object] = to_columns,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -67,13 +110,24 @@ class DeliveryWorker:
         self._max = max_records
         self._clock = clock
         self._spool = spool
+        self._dead_letter = dead_letter
+        self._payload = payload
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
         self._seq = 0
         self._stopping = False
         self._failures = 0
         self._last_error = ""
+        self._config_error = ""
+        self._config_logged = -float("inf")
         self._dropped = 0
+        self._dead_lettered = 0
+        # Set while queued records are missing from the spool (its disk was full or read-only);
+        # the next successful append writes them too.
+        self._spool_behind = False
+        self._spool_lock = threading.Lock()
+        # Highest sequence number delivered or dropped: what the ack cursor should say.
+        self._acked_wanted = 0
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
 
     def start(self) -> None:
@@ -100,17 +154,10 @@ class DeliveryWorker:
         records = [r for r in records if r.seq > self._seq]
         if not records:
             return
-        if durable and self._spool is not None:
-            try:
-                self._spool.append(records)
-            except OSError as exc:
-                # Still delivered from memory; only a crash before delivery could lose them.
-                log.error(
-                    "sink %s: cannot write the spool (%s); holding records in memory",
-                    self.name,
-                    exc,
-                )
-                self._count_failure(self.name, "spool", 1)
+        if durable:
+            # Still delivered from memory if this fails; only a crash before delivery, while
+            # the disk stays unwritable, could lose them.
+            self._write_spool(records)
         now = self._clock()
         dropped: list[_Queued] = []
         with self._cond:
@@ -131,13 +178,33 @@ class DeliveryWorker:
             )
             self._count_failure(self.name, "logs", len(dropped))
 
-    def _ack(self, seq: int) -> None:
+    def _write_spool(self, records: Sequence[TransitionRecord]) -> None:
+        """Append ``records`` to the spool, and any queued ones a failed append left out."""
         if self._spool is None:
             return
-        try:
+        with self._spool_lock:
+            if not records and not self._spool_behind:
+                return
+            behind: list[TransitionRecord] = []
+            if self._spool_behind:
+                with self._cond:
+                    behind = [q.record for q in self._queue]
+            try:
+                # The spool skips what it already has (by sequence number), so order is kept.
+                self._spool.append([*behind, *records])
+            except OSError:  # logged once per streak by the spool's watch
+                self._spool_behind = True
+                self._count_failure(self.name, "spool", 1)
+                return
+            self._spool_behind = False
+
+    def _ack(self, seq: int) -> None:
+        self._acked_wanted = max(self._acked_wanted, seq)
+        if self._spool is None:
+            return
+        # Logged once per streak by the spool's watch; a stale cursor only repeats records.
+        with contextlib.suppress(OSError):
             self._spool.ack(seq)
-        except OSError as exc:  # the records were delivered; a stale cursor only repeats them
-            log.error("sink %s: cannot record delivery in the spool (%s)", self.name, exc)
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is delivered (or ``timeout`` passes)."""
@@ -162,7 +229,13 @@ class DeliveryWorker:
         return delivered
 
     def status(self) -> SinkStatus:
-        """Pending count, oldest wait and failure streak."""
+        """Pending count, oldest wait, failure streak, dead letters and unwritable files."""
+        faults = tuple(
+            f for f in (
+                self._spool.fault if self._spool else None,
+                self._dead_letter.fault if self._dead_letter else None,
+            ) if f is not None
+        )
         with self._cond:
             oldest = self._clock() - self._queue[0].enqueued if self._queue else 0.0
             return SinkStatus(
@@ -173,30 +246,46 @@ class DeliveryWorker:
                 self._last_error,
                 self._dropped,
                 self._seq,
+                dead_lettered=self._dead_lettered,
+                config_error=self._config_error,
+                write_faults=faults,
             )
 
     def _run(self) -> None:
         backoff = BACKOFF_START
+        # While records up to this sequence number are in the queue, send them one at a time:
+        # a batch containing them was rejected permanently and the culprit is not known yet.
+        isolate_until = 0
         while True:
             with self._cond:
                 while not self._queue and not self._stopping:
+                    if self._storage_faulty():  # idle, but a file to repair: look again soon
+                        self._cond.wait(STORAGE_RETRY)
+                        break
                     self._cond.wait()
                 if self._stopping:
                     return
-                batch = [q for _, q in zip(range(MAX_BATCH), self._queue, strict=False)]
+                size = 1 if self._queue and self._queue[0].seq <= isolate_until else MAX_BATCH
+                batch = [q for _, q in zip(range(size), self._queue, strict=False)]
+            if self._storage_faulty():
+                self._repair_storage()  # the disk may be writable again
+            if not batch:
+                continue
             try:
                 self._deliver([q.record for q in batch])
             except Exception as exc:  # any sink failure must keep the records, never kill us
-                message = (
-                    str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
-                )
-                with self._cond:
-                    self._failures += 1
-                    first = self._failures == 1
-                    self._last_error = message[:300]
-                if first:
-                    log.error("sink %s: delivery failed, will retry: %s", self.name, message[:300])
-                self._count_failure(self.name, "logs", 1)
+                error = exc if isinstance(exc, DeliveryError) else DeliveryError(
+                    f"{type(exc).__name__}: {exc}")
+                if error.kind is FailureKind.PERMANENT:
+                    if len(batch) > 1:
+                        isolate_until = batch[-1].seq
+                        log.warning("sink %s: a batch of %d records was rejected (%s); "
+                                    "sending them one at a time to find the culprit",
+                                    self.name, len(batch), error.status or error)
+                    else:
+                        self._reject(batch[0], error)
+                    continue
+                self._note_failure(error)
                 with self._cond:
                     # Full jitter keeps a fleet that lost its collector together from retrying
                     # in lockstep; the wait ends early on stop.
@@ -209,25 +298,106 @@ class DeliveryWorker:
             last = batch[-1].seq
             failpoints.hit("after_deliver")
             self._ack(last)
-            with self._cond:
-                while self._queue and self._queue[0].seq <= last:
-                    self._queue.popleft()
-                if self._failures:
-                    log.warning(
-                        "sink %s: delivering again after %d failed attempts",
-                        self.name,
-                        self._failures,
-                    )
-                self._failures = 0
-                self._last_error = ""
-                self._cond.notify_all()
+            self._done(last)
+
+    def _storage_faulty(self) -> bool:
+        spool_faulty = self._spool is not None and (self._spool_behind or bool(self._spool.fault))
+        return spool_faulty or bool(self._dead_letter and self._dead_letter.fault)
+
+    def _repair_storage(self) -> None:
+        """Retry what a full or read-only disk refused: the records the spool is missing, then
+        a plain write of the ack cursor (so the fault clears even when nothing waits)."""
+        if self._spool is not None:
+            if self._spool_behind:
+                self._write_spool(())
+            if not self._spool_behind and self._spool.fault is not None:
+                with contextlib.suppress(OSError):  # still failing: the watch keeps the fault
+                    self._spool.probe(self._acked_wanted)
+        if self._dead_letter is not None:
+            self._dead_letter.probe()
+
+    def _done(self, last: int) -> None:
+        """Records up to ``last`` left the queue (delivered or dead-lettered)."""
+        with self._cond:
+            while self._queue and self._queue[0].seq <= last:
+                self._queue.popleft()
+            if self._failures:
+                log.warning(
+                    "sink %s: delivering again after %d failed attempts",
+                    self.name,
+                    self._failures,
+                )
+            self._failures = 0
+            self._last_error = ""
+            self._config_error = ""
+            self._config_logged = -float("inf")
+            self._cond.notify_all()
+
+    def _note_failure(self, error: DeliveryError) -> None:
+        message = str(error)[:300]
+        now = self._clock()
+        with self._cond:
+            self._failures += 1
+            first = self._failures == 1
+            self._last_error = message
+            config = error.kind is FailureKind.CONFIG
+            self._config_error = message if config else ""
+            loud = config and now - self._config_logged >= CONFIG_ERROR_REPEAT
+            if loud:
+                self._config_logged = now
+        if loud:
+            log.error("sink %s: %s; nothing will be delivered until this is fixed "
+                      "(records are kept and retried)", self.name, message)
+        elif first:
+            log.error("sink %s: delivery failed, will retry: %s", self.name, message)
+        self._count_failure(self.name, "logs", 1)
+
+    def _reject(self, queued: _Queued, error: DeliveryError) -> None:
+        """Dead-letter one record the sink will never accept, and go on with the next."""
+        record = queued.record
+        event = record.transition.event
+        event_id = event.event_id if event else "(none)"
+        try:
+            payload = self._payload(record)
+        except Exception as exc:  # never let rendering a rejected record stop the worker
+            payload = {"unrenderable": f"{type(exc).__name__}: {exc}"[:300],
+                       "columns": to_columns(record)}
+        letter = DeadLetter(
+            time=rfc3339(datetime.now(timezone.utc)),
+            sink=self.name,
+            status=error.status or "rejected",
+            reason=str(error)[:500],
+            event_id=event_id if event else "",
+            transition=record.transition.kind.value,
+            record_id=record.record_id,
+            seq=record.seq,
+            payload=payload,
+        )
+        where = f"not kept (SEE_STATE_DIR is disabled): {letter.to_json().decode().rstrip()}"
+        if self._dead_letter is not None:
+            try:
+                self._dead_letter.append(letter)
+                where = f"moved to {self._dead_letter.path}"
+            except OSError:  # the watch logged why; the record is at least in this log line
+                where = ("not kept (dead-letter file unwritable): "
+                         f"{letter.to_json().decode().rstrip()}")
+        log.error("sink %s: %s rejected the record of EventId %s (%s, RecordId %s) "
+                  "permanently: %s; %s; continuing with the next record",
+                  self.name, error.status or "the sink", event_id, letter.transition,
+                  record.record_id, str(error)[:300], where)
+        with self._cond:
+            self._dead_lettered += 1
+        self._count_failure(self.name, "dead_letter", 1)
+        self._ack(queued.seq)
+        self._done(queued.seq)
 
 
 class WorkerSink:
     """Base of the sinks: everything but ``_deliver`` goes through one :class:`DeliveryWorker`.
 
-    Subclasses set ``name``, implement ``_deliver`` (raise on failure; the worker retries) and
-    may add metric readers or a ``_close`` step.
+    Subclasses set ``name``, implement ``_deliver`` (raise :class:`DeliveryError` on failure,
+    with the :class:`FailureKind` the peer's answer means), may override ``_payload`` (the record
+    as sent, for the dead-letter file) and may add metric readers or a ``_close`` step.
     """
 
     name = ""
@@ -237,7 +407,9 @@ class WorkerSink:
         self._extra_metrics: ExtraMetrics = list
         self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
                                       max_records=config.spool_max_records,
-                                      spool=open_spool(config, self.name))
+                                      spool=open_spool(config, self.name),
+                                      dead_letter=open_dead_letter(config),
+                                      payload=self._payload)
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """No metrics unless the sink adds a reader."""
@@ -270,6 +442,10 @@ class WorkerSink:
 
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
         raise NotImplementedError
+
+    def _payload(self, record: TransitionRecord) -> object:
+        """The record as this sink sends it (for the dead-letter file): the SPEC §8 object."""
+        return to_columns(record)
 
     def _close(self) -> None:
         """Release clients and exporters after the worker stopped."""

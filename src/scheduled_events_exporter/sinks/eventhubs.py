@@ -39,7 +39,7 @@ from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
-from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
+from scheduled_events_exporter.sinks.delivery import DeliveryError, FailureKind, WorkerSink
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.telemetry import add_metrics
@@ -176,10 +176,12 @@ class HubSender:
                 _start(lambda: _reap(client, thread))
                 message = f"Event Hubs send did not finish in {budget:g} s; client abandoned"
                 raise DeliveryError(message) from None
+            except MessageTooLarge as exc:  # decided before sending: the client is fine
+                raise hub_error(exc) from None
             except Exception as exc:  # the client may be half-open: close it, build a new one
                 self._client = None
                 _start(lambda: _close_quietly(client))
-                raise DeliveryError(describe_error(exc)) from None
+                raise hub_error(exc) from None
         finally:
             if self.closed:  # close() came while we sent: it left the cleanup to us
                 self._drop_client()
@@ -217,20 +219,36 @@ def _reap(client: Any, stuck: threading.Thread) -> None:
     _close_quietly(client)
 
 
+class MessageTooLarge(ValueError):
+    """A single message exceeds what the hub accepts (its link's advertised max-message-size)."""
+
+
 def _send_batches(client: Any, partition_key: str, messages: list[Message]) -> None:
     from azure.eventhub import EventData
 
-    batch = client.create_batch(partition_key=partition_key)
+    events = []
     for message in messages:
         data = EventData(message.body)
         data.properties = {k: v for k, v in message.properties.items()}
         data.content_type = "application/json"
+        events.append(data)
+    if len(events) > 1:
+        # Refuse the whole call before sending anything if one message can never fit: the
+        # worker then sends one at a time, and the others are not sent twice.
+        for data, message in zip(events, messages, strict=True):
+            try:
+                client.create_batch(partition_key=partition_key).add(data)
+            except ValueError:
+                raise MessageTooLarge(f"a {len(message.body)}-byte message exceeds the hub's "
+                                      "size limit") from None
+    batch = client.create_batch(partition_key=partition_key)
+    for data, message in zip(events, messages, strict=True):
         try:
             batch.add(data)
         except ValueError:  # batch full: ship it and start another
             if not len(batch):
-                limit = f"a {len(message.body)}-byte message exceeds the hub's size limit"
-                raise ValueError(limit) from None
+                raise MessageTooLarge(f"a {len(message.body)}-byte message exceeds the hub's "
+                                      "size limit") from None
             client.send_batch(batch)
             batch = client.create_batch(partition_key=partition_key)
             batch.add(data)
@@ -244,10 +262,50 @@ def _close_quietly(client: Any) -> None:
             client.close()
 
 
+#: AMQP error conditions about the message itself: sending it again can never succeed. Written
+#: as ``EventHubError.error`` carries them: the condition without its first prefix
+#: (``amqp:link:message-size-exceeded`` → ``link:message-size-exceeded``).
+PERMANENT_CONDITIONS = frozenset({
+    "link:message-size-exceeded", "decode-error", "invalid-field", "argument-error",
+    "argument-out-of-range",
+})
+#: Conditions about who we are or where we send: every message would fail the same way.
+CONFIG_CONDITIONS = frozenset({"unauthorized-access", "not-found"})
+_AUTH_ERRORS = ("AuthenticationError", "ClientAuthenticationError", "CredentialUnavailableError")
+
+
+def hub_error(exc: BaseException) -> DeliveryError:
+    """The :class:`DeliveryError` (with its :class:`FailureKind`) for an SDK failure.
+
+    Permanent: a message larger than the hub accepts (the SDK refuses to batch it,
+    ``ValueError``), ``EventDataError`` (the SDK refuses the event), or a send the service
+    rejected with a condition about the message. Configuration: authentication, unknown hub.
+    Everything else is what the SDK itself retries (connection lost, timeouts, busy server).
+    """
+    text = describe_error(exc)
+    condition = _condition(exc)
+    name = type(exc).__name__
+    if isinstance(exc, MessageTooLarge) or condition == "link:message-size-exceeded":
+        return DeliveryError(text, FailureKind.PERMANENT, "Event Hubs message_too_large")
+    if name == "EventDataError" or condition in PERMANENT_CONDITIONS:
+        return DeliveryError(text, FailureKind.PERMANENT, f"Event Hubs {condition or name}")
+    if (name in _AUTH_ERRORS or name == "EventHubNotFoundError"
+            or condition in CONFIG_CONDITIONS or text.startswith("Event Hubs entity not found")):
+        return DeliveryError(text, FailureKind.CONFIG, f"Event Hubs {condition or name}")
+    return DeliveryError(text, FailureKind.TRANSIENT, f"Event Hubs {condition or name}")
+
+
+def _condition(exc: BaseException) -> str:
+    """The AMQP error condition of an azure-eventhub exception (``EventHubError.error``, the
+    documented attribute: the condition without its first prefix), or ``""``."""
+    error = getattr(exc, "error", None)
+    return error if isinstance(error, str) else ""
+
+
 def describe_error(exc: BaseException) -> str:
     """One clear line without secrets (SDK messages may echo endpoints, never keys)."""
     name = type(exc).__name__
-    if name in ("AuthenticationError", "ClientAuthenticationError", "CredentialUnavailableError"):
+    if name in _AUTH_ERRORS:
         return (f"Event Hubs authentication failed ({name}): check the credential and that the "
                 "identity has the 'Azure Event Hubs Data Sender' role")
     text = str(exc).splitlines()[0] if str(exc) else ""
@@ -356,14 +414,19 @@ class EventHubsSink(WorkerSink):
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
         self._sender.send([transition_message(r) for r in records])
 
+    def _payload(self, record: TransitionRecord) -> object:
+        message = transition_message(record)
+        return {"body": json.loads(message.body), "properties": message.properties}
+
 
 def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> EventHubsSink:
     """Build the sink with a connection string or ``DefaultAzureCredential``."""
     try:
         from azure.eventhub import EventHubProducerClient
     except ImportError:
+        # load_config() reports this as a configuration error first; kept for direct callers.
         raise RuntimeError("SEE_SINKS includes eventhubs but azure-eventhub is not installed: "
-                           "pip install 'azure-scheduled-events-exporter[eventhubs]'") from None
+                           "pip install 'azure-eventhub==5.15.1'") from None
     if config.log_level != "DEBUG":
         # The SDK logs every connection state change and retry at INFO; our sink reports
         # failures once per streak, without the SDK's multi-line exception texts.

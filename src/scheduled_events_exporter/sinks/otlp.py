@@ -27,8 +27,15 @@ from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
-from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
+from scheduled_events_exporter.sinks.delivery import WorkerSink
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
+from scheduled_events_exporter.sinks.otlp_errors import (
+    StatusProbe,
+    export_error,
+    grpc_log_exporter,
+    http_log_exporter,
+    otlp_json,
+)
 from scheduled_events_exporter.telemetry import SCOPE_NAME, add_metrics, to_log_record
 
 log = logging.getLogger(__name__)
@@ -83,42 +90,44 @@ class OtlpSink(WorkerSink):
     name = "otlp"
 
     def __init__(self, config: Config, count_failure: FailureCounter) -> None:
+        # What the collector answered to our log exports (otlp_errors says how we learn it).
+        self._probe = StatusProbe()
         log_exporter: LogRecordExporter
         metric_exporter: MetricExporter
         if config.otlp_protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
-                OTLPLogExporter as GrpcLogExporter,
-            )
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
                 OTLPMetricExporter as GrpcMetricExporter,
             )
 
-            log_exporter, metric_exporter = GrpcLogExporter(), GrpcMetricExporter()
+            log_exporter = grpc_log_exporter(self._probe)
+            metric_exporter = GrpcMetricExporter()
         else:
-            from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-                OTLPLogExporter as HttpLogExporter,
-            )
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter as HttpMetricExporter,
             )
 
-            log_exporter, metric_exporter = HttpLogExporter(), HttpMetricExporter()
+            log_exporter = http_log_exporter(self._probe)
+            metric_exporter = HttpMetricExporter()
         self._log_exporter = log_exporter
-        self._reader = OnChangeMetricReader(
-            CountingMetricExporter(metric_exporter, self.name, count_failure,
-                                   lambda: self._extra_metrics()),
-            heartbeat=config.metric_export_interval,
-        )
+        # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
+        self._readers: tuple[OnChangeMetricReader, ...] = ()
+        if "otlp" in config.metrics_exporters:
+            self._readers = (OnChangeMetricReader(
+                CountingMetricExporter(metric_exporter, self.name, count_failure,
+                                       lambda: self._extra_metrics()),
+                heartbeat=config.metric_export_interval,
+            ),)
         self._scope = InstrumentationScope(SCOPE_NAME, __version__)
         super().__init__(config, count_failure)
 
     def metric_readers(self) -> Sequence[MetricReader]:
-        """The on-change OTLP metric reader."""
-        return (self._reader,)
+        """The on-change OTLP metric reader, unless OTEL_METRICS_EXPORTER excludes otlp."""
+        return self._readers
 
     def metrics_changed(self) -> None:
         """Export the metrics soon, on the reader's thread (never blocks the caller)."""
-        self._reader.metrics_changed()
+        for reader in self._readers:
+            reader.metrics_changed()
 
     def _close(self) -> None:
         # Metrics stop with the MeterProvider; the log exporter is ours to close.
@@ -126,6 +135,10 @@ class OtlpSink(WorkerSink):
 
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
         batch = [to_log_record(r, self._resource, self._scope) for r in records]
+        self._probe.reset()
         result = self._log_exporter.export(batch)
         if result is not LogRecordExportResult.SUCCESS:
-            raise DeliveryError(f"OTLP log export of {len(batch)} records failed")
+            raise export_error(self._probe.last, len(batch))
+
+    def _payload(self, record: TransitionRecord) -> object:
+        return otlp_json(to_log_record(record, self._resource, self._scope))

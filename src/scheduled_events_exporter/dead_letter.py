@@ -1,0 +1,130 @@
+"""The dead-letter file: records a sink rejected permanently, kept instead of retried forever.
+
+A record the collector or hub will never accept (HTTP 400/413, gRPC INVALID_ARGUMENT, a message
+larger than the hub allows) would otherwise block every record behind it. The delivery worker
+moves it here and goes on. ``SEE_STATE_DIR/dead-letter.jsonl`` holds one JSON object per line:
+``time`` (RFC 3339), ``sink``, ``status`` (``"400"``, ``"INVALID_ARGUMENT"``,
+``"message_too_large"``), ``reason``, ``event_id``, ``transition``, ``record_id``, ``seq`` and
+``payload``: the record as the sink would have sent it (the OTLP/JSON request for ``otlp``, the
+SPEC §8 object for ``eventhubs`` and ``console``), so it can be inspected or replayed by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduled_events_exporter.state import write_all
+from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
+
+FILE_NAME = "dead-letter.jsonl"
+#: Past this size the file is renamed to ``dead-letter.jsonl.1`` (replacing an older one), so a
+#: collector that rejects everything cannot fill the state volume.
+MAX_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One permanently rejected record."""
+
+    time: str
+    sink: str
+    status: str
+    reason: str
+    event_id: str
+    transition: str
+    record_id: str
+    seq: int
+    payload: object
+
+    def to_json(self) -> bytes:
+        """One JSON line (ends with a newline)."""
+        return json.dumps(
+            {
+                "time": self.time,
+                "sink": self.sink,
+                "status": self.status,
+                "reason": self.reason,
+                "event_id": self.event_id,
+                "transition": self.transition,
+                "record_id": self.record_id,
+                "seq": self.seq,
+                "payload": self.payload,
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+            default=str,
+        ).encode() + b"\n"
+
+
+class DeadLetterFile:
+    """Appends :class:`DeadLetter` lines to ``directory/dead-letter.jsonl`` (fsynced)."""
+
+    _lock = threading.Lock()  # shared by every sink's worker: one writer at a time per process
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / FILE_NAME
+        self.watch = WriteWatch(self.path, "dead-letter file",
+                                "the rejected record is only in the log line above")
+
+    @property
+    def fault(self) -> WriteFault | None:
+        """Why the last append failed, while it does."""
+        return self.watch.fault
+
+    def append(self, letter: DeadLetter) -> None:
+        """Append one line; raises ``OSError`` (logged once per streak by the watch)."""
+        data = letter.to_json()
+        with self._lock:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if _size(self.path) + len(data) > MAX_BYTES:
+                    os.replace(self.path, self.path.with_name(FILE_NAME + ".1"))
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                size = os.fstat(fd).st_size
+                try:
+                    write_all(fd, data)
+                    os.fsync(fd)
+                except OSError:
+                    with contextlib.suppress(OSError):  # no torn line before the next one
+                        os.ftruncate(fd, size)
+                    raise
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                self.watch.failed(exc)
+                raise
+        self.watch.succeeded()
+
+
+    def probe(self) -> None:
+        """After a failed append: write and remove a small file next to it, to learn (and show
+        in ``/readyz``) that the disk is writable again before the next rejected record."""
+        if self.watch.fault is None:
+            return
+        probe = self.path.with_name(f".{FILE_NAME}.probe")
+        with self._lock:
+            try:
+                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    write_all(fd, b"probe\n")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.unlink(probe)
+            except OSError as exc:
+                self.watch.failed(exc)
+                return
+        self.watch.succeeded()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
