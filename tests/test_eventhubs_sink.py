@@ -34,14 +34,13 @@ from scheduled_events_exporter.model import (
 )
 from scheduled_events_exporter.records import COLUMNS, make_record, to_columns
 from scheduled_events_exporter.simulator import Simulator
-from scheduled_events_exporter.sinks.delivery import DeliveryError
+from scheduled_events_exporter.sinks.base import DeliveryError
 from scheduled_events_exporter.sinks.eventhubs import (
     MAX_MESSAGE_BYTES,
     TRUNCATION_MARK,
-    HubSender,
-    Message,
     transition_message,
 )
+from scheduled_events_exporter.sinks.hub_sender import HubSender, Message
 from tests.exporter_process import (
     ExporterProcess,
     clean_env,

@@ -2,7 +2,7 @@
 
 HTTP and gRPC statuses go through :mod:`~scheduled_events_exporter.sinks.otlp_errors`; Event Hubs
 failures are the real ``azure-eventhub`` exception classes (with the SDK's own AMQP error
-conditions inside) through :func:`~scheduled_events_exporter.sinks.eventhubs.hub_error`.
+conditions inside) through :func:`~scheduled_events_exporter.sinks.hub_sender.hub_error`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduled_events_exporter.sinks.delivery import FailureKind
+from scheduled_events_exporter.sinks.base import FailureKind
 from scheduled_events_exporter.sinks.otlp_errors import classify_grpc, classify_http, export_error
 from scheduled_events_exporter.state import write_all
 from scheduled_events_exporter.write_faults import describe_os_error
@@ -74,7 +74,7 @@ def test_eventhubs_sdk_errors() -> None:
         OperationTimeoutError,
     )
 
-    from scheduled_events_exporter.sinks.eventhubs import MessageTooLarge, hub_error
+    from scheduled_events_exporter.sinks.hub_sender import MessageTooLarge, hub_error
 
     too_large = EventDataSendError(
         "size", MessageException(condition=ErrorCondition.LinkMessageSizeExceeded))

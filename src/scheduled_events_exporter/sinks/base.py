@@ -8,6 +8,7 @@ so a dead collector or a hung Event Hubs client never delays the next poll.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,6 +21,30 @@ from scheduled_events_exporter.dead_letter import DeadLetterFile
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.spool import Spool
 from scheduled_events_exporter.write_faults import WriteFault
+
+
+class FailureKind(enum.Enum):
+    """How a failed delivery is handled: ``TRANSIENT`` is retried in order, ``CONFIG`` is retried
+    and reported loudly (readiness fails), ``PERMANENT`` isolates the record into the dead letter
+    (:mod:`.delivery`)."""
+
+    TRANSIENT = "transient"
+    CONFIG = "config"
+    PERMANENT = "permanent"
+
+
+class DeliveryError(Exception):
+    """A sink could not deliver a batch; the message is safe to log (no secrets).
+
+    ``status`` names what the peer answered (``HTTP 400``, ``gRPC INVALID_ARGUMENT``), empty
+    when it did not answer.
+    """
+
+    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT,
+                 status: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ from typing import TextIO
 
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, to_columns
-from scheduled_events_exporter.sinks.base import FailureCounter
-from scheduled_events_exporter.sinks.delivery import DeliveryError, WorkerSink
+from scheduled_events_exporter.sinks.base import DeliveryError, FailureCounter
+from scheduled_events_exporter.sinks.delivery import WorkerSink
 
 
 def render(record: TransitionRecord) -> str:

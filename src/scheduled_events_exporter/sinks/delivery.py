@@ -20,7 +20,6 @@ and reports nothing, which would lose exactly the record an SRE needs after an o
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import random
 import threading
@@ -38,8 +37,10 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.dead_letter import DeadLetter, DeadLetterFile
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.sinks.base import (
+    DeliveryError,
     ExtraMetrics,
     FailureCounter,
+    FailureKind,
     SinkStatus,
     open_dead_letter,
     open_spool,
@@ -55,28 +56,6 @@ BACKOFF_CAP = 30.0
 CONFIG_ERROR_REPEAT = 300.0
 #: An idle worker whose spool or dead-letter file could not be written looks again this often.
 STORAGE_RETRY = 5.0
-
-
-class FailureKind(enum.Enum):
-    """How a failed delivery is handled (see the module docstring)."""
-
-    TRANSIENT = "transient"
-    CONFIG = "config"
-    PERMANENT = "permanent"
-
-
-class DeliveryError(Exception):
-    """A sink could not deliver a batch; the message is safe to log (no secrets).
-
-    ``status`` names what the peer answered (``HTTP 400``, ``gRPC INVALID_ARGUMENT``), empty
-    when it did not answer.
-    """
-
-    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT,
-                 status: str = "") -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from google.protobuf.json_format import MessageToDict  # type: ignore[import-unt
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.sdk._logs import ReadableLogRecord
 
-from scheduled_events_exporter.sinks.delivery import DeliveryError, FailureKind
+from scheduled_events_exporter.sinks.base import DeliveryError, FailureKind
 
 if TYPE_CHECKING:
     import requests
