@@ -300,6 +300,10 @@ def test_hub_outage_loses_nothing_and_keeps_order(
     with ExporterProcess(env) as proc:
         wait_started(sim)
         play(sim, lambda: hub_records(peer), STEPS[:1])
+        # The peer has the first record; wait until the exporter has its acknowledgement too,
+        # or pausing the peer could strand it unacknowledged (then 4 wait, and it is resent).
+        wait_until(lambda: readyz(env)["sinks"]["eventhubs"]["pending"] == 0, 10,
+                   "the first record acknowledged")
         peer.pause()
         outage_polls = scheduled_polls(sim)
         # Three transitions while the hub is unreachable: the console sink shows them at once.
