@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduled_events_exporter.state import write_all
+from scheduled_events_exporter.state import append_durably, write_all
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 FILE_NAME = "dead-letter.jsonl"
@@ -79,27 +79,11 @@ class DeadLetterFile:
     def append(self, letter: DeadLetter) -> None:
         """Append one line; raises ``OSError`` (logged once per streak by the watch)."""
         data = letter.to_json()
-        with self._lock:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                if _size(self.path) + len(data) > MAX_BYTES:
-                    os.replace(self.path, self.path.with_name(FILE_NAME + ".1"))
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                size = os.fstat(fd).st_size
-                try:
-                    write_all(fd, data)
-                    os.fsync(fd)
-                except OSError:
-                    with contextlib.suppress(OSError):  # no torn line before the next one
-                        os.ftruncate(fd, size)
-                    raise
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                self.watch.failed(exc)
-                raise
-        self.watch.succeeded()
-
+        with self._lock, self.watch.guard():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if _size(self.path) + len(data) > MAX_BYTES:
+                os.replace(self.path, self.path.with_name(FILE_NAME + ".1"))
+            append_durably(self.path, data)
 
     def probe(self) -> None:
         """After a failed append: write and remove a small file next to it, to learn (and show
@@ -107,20 +91,16 @@ class DeadLetterFile:
         if self.watch.fault is None:
             return
         probe = self.path.with_name(f".{FILE_NAME}.probe")
-        with self._lock:
+        # Still failing: the watch keeps the fault (and logged the streak once).
+        with self._lock, contextlib.suppress(OSError), self.watch.guard():
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    write_all(fd, b"probe\n")
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                    with contextlib.suppress(OSError):
-                        os.unlink(probe)
-            except OSError as exc:
-                self.watch.failed(exc)
-                return
-        self.watch.succeeded()
+                write_all(fd, b"probe\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(probe)
 
 
 def _size(path: Path) -> int:

@@ -29,17 +29,15 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricReader, MetricsData
+from opentelemetry.sdk.metrics.export import Gauge, MetricReader, MetricsData
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from scheduled_events_exporter.telemetry import add_metrics
+from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 
 log = logging.getLogger(__name__)
 
 PATH = "/metrics"
 
-#: The per-event gauges' source (the same signature as ``sinks.base.ExtraMetrics``, a sibling).
-ExtraMetrics = Callable[[], Sequence[Metric]]
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 

@@ -9,17 +9,15 @@ or it has grown past a bound, so the file stays small in steady state.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, encode_record
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.state import write_all, write_atomically
+from scheduled_events_exporter.state import append_durably, write_atomically
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 log = logging.getLogger(__name__)
@@ -99,28 +97,10 @@ class Spool:
                 + b"\n"
                 for r in fresh
             )
-            try:
-                self._append_bytes(data)
-            except OSError as exc:
-                self.watch.failed(exc, self.log_path)
-                raise
-            self.watch.succeeded()
+            with self.watch.guard(self.log_path):
+                append_durably(self.log_path, data)
             self.last_seq = fresh[-1].seq
             return fresh
-
-    def _append_bytes(self, data: bytes) -> None:
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            size = os.fstat(fd).st_size
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-            except OSError:
-                with contextlib.suppress(OSError):  # best effort; load() skips a torn line
-                    os.ftruncate(fd, size)
-                raise
-        finally:
-            os.close(fd)
 
     def ack(self, seq: int) -> None:
         """Everything up to ``seq`` is delivered (or dropped). Raises ``OSError`` when the
@@ -128,24 +108,15 @@ class Spool:
         with self._lock:
             if seq <= self.acked:
                 return
-            try:
+            with self.watch.guard(self.ack_path):
                 self._write_ack(seq)
-            except OSError as exc:
-                self.watch.failed(exc, self.ack_path)
-                raise
-            self.watch.succeeded()
 
     def probe(self, seq: int) -> None:
         """Write the ack cursor (at least ``seq``) even when it did not change: after a write
         failure, tells whether the disk is writable again although nothing waits to be written.
         Raises ``OSError`` while it is not."""
-        with self._lock:
-            try:
-                self._write_ack(max(seq, self.acked))
-            except OSError as exc:
-                self.watch.failed(exc, self.ack_path)
-                raise
-            self.watch.succeeded()
+        with self._lock, self.watch.guard(self.ack_path):
+            self._write_ack(max(seq, self.acked))
 
     def _write_ack(self, seq: int) -> None:
         write_atomically(self.ack_path, str(seq).encode())

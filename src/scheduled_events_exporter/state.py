@@ -52,6 +52,23 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def append_durably(path: Path, data: bytes) -> None:
+    """Append ``data`` and fsync. On failure (a full or read-only disk) the file is cut back to
+    its previous size, so a later append never lands after a torn line; ``OSError`` is raised."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):  # best effort; readers skip a torn line
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """temp file + fsync + rename + directory fsync: readers see the old or the new file whole.
 
@@ -148,9 +165,5 @@ class StateStore:
             "outbox": [encode_record(r) for r in state.outbox],
             "approvals": list(state.approvals),
         }
-        try:
+        with self.watch.guard():
             write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
-        except OSError as exc:
-            self.watch.failed(exc)
-            raise
-        self.watch.succeeded()

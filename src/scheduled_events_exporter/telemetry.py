@@ -72,6 +72,10 @@ IMDS_DURATION_BUCKETS = (
 )
 
 
+#: Metrics built at collection time (the per-event gauges), appended by every reader.
+ExtraMetrics = Callable[[], Sequence[Metric]]
+
+
 def add_metrics(data: MetricsData, extra: Sequence[Metric]) -> MetricsData:
     """``data`` with ``extra`` appended to this exporter's instrumentation scope."""
     if not extra:

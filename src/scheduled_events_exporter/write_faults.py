@@ -8,11 +8,12 @@ not one per poll) and tells ``/readyz`` which file cannot be written and why.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,17 @@ class WriteWatch:
             log.warning("the %s %s is writable again after %d failed writes in %.0f s",
                         self._what, previous.file, previous.failures,
                         self._monotonic() - previous.since)
+
+    @contextlib.contextmanager
+    def guard(self, path: Path | None = None) -> Iterator[None]:
+        """Around one write of ``path`` (default: the watched file): an ``OSError`` is noted
+        with :meth:`failed` and raised again; a write that completes ends the streak."""
+        try:
+            yield
+        except OSError as exc:
+            self.failed(exc, path)
+            raise
+        self.succeeded()
 
     @property
     def fault(self) -> WriteFault | None:

@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from opentelemetry.sdk.metrics.export import Metric, MetricReader
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.dead_letter import DeadLetterFile
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.spool import Spool
+from scheduled_events_exporter.telemetry import ExtraMetrics
 from scheduled_events_exporter.write_faults import WriteFault
 
 
@@ -106,7 +107,6 @@ class Sink(Protocol):
 
 
 FailureCounter = Callable[[str, str, int], None]
-ExtraMetrics = Callable[[], Sequence[Metric]]
 
 
 def open_spool(config: Config, sink: str) -> Spool | None:

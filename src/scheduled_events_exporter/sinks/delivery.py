@@ -38,7 +38,6 @@ from scheduled_events_exporter.dead_letter import DeadLetter, DeadLetterFile
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.sinks.base import (
     DeliveryError,
-    ExtraMetrics,
     FailureCounter,
     FailureKind,
     SinkStatus,
@@ -46,6 +45,7 @@ from scheduled_events_exporter.sinks.base import (
     open_spool,
 )
 from scheduled_events_exporter.spool import Spool
+from scheduled_events_exporter.telemetry import ExtraMetrics
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
-from scheduled_events_exporter.sinks.base import DeliveryError, ExtraMetrics, FailureCounter
+from scheduled_events_exporter.sinks.base import DeliveryError, FailureCounter
 from scheduled_events_exporter.sinks.delivery import WorkerSink
 from scheduled_events_exporter.sinks.hub_sender import (
     SEND_DEADLINE,
@@ -40,7 +40,7 @@ from scheduled_events_exporter.sinks.hub_sender import (
 )
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
-from scheduled_events_exporter.telemetry import add_metrics
+from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks.base import ExtraMetrics, FailureCounter
+from scheduled_events_exporter.sinks.base import FailureCounter
 from scheduled_events_exporter.sinks.delivery import WorkerSink
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.sinks.otlp_errors import (
@@ -36,7 +36,7 @@ from scheduled_events_exporter.sinks.otlp_errors import (
     http_log_exporter,
     otlp_json,
 )
-from scheduled_events_exporter.telemetry import SCOPE_NAME, add_metrics, to_log_record
+from scheduled_events_exporter.telemetry import SCOPE_NAME, ExtraMetrics, add_metrics, to_log_record
 
 log = logging.getLogger(__name__)
 
