@@ -107,6 +107,7 @@ def test_wheel_in_a_fresh_venv_runs_as_the_image_promises(tmp_path: Path) -> Non
     script = f"""
         scheduled-events-exporter simulate --scenario live-migration --port 8099 \\
             >/tmp/simulator.log 2>&1 &
+        simulator=$!
         {shlex.join(entry)} &
         exporter=$!
         if touch /etc/see-probe /usr/see-probe 2>/dev/null; then echo "root is writable" >&2; fi
@@ -120,6 +121,7 @@ def test_wheel_in_a_fresh_venv_runs_as_the_image_promises(tmp_path: Path) -> Non
         echo "HEALTHCHECK exit $?" >&2
         wait $exporter
         echo "exporter exit $?" >&2
+        kill $simulator  # else it outlives the test (its namespace keeps it from the host only)
     """
     command = bwrap_command(["/bin/sh", "-c", script], state=state,
                             uid=int(promised["uid"]),  # type: ignore[call-overload]
