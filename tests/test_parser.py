@@ -128,11 +128,45 @@ def test_malformed_documents_are_errors_never_empty(body: bytes, message: str) -
     assert message in str(info.value)
 
 
-def test_duplicate_event_ids_are_an_error() -> None:
+def test_a_repeated_event_id_keeps_one_event_and_the_rest_of_the_document() -> None:
     body = json.loads(raw(DOC))
-    body["Events"].append(body["Events"][0])
-    with pytest.raises(DocumentError, match="duplicate EventId"):
-        parse_document(raw(body))
+    first = body["Events"][0]
+    other = {**first, "EventId": "OTHER", "EventType": "Reboot"}
+    body["Events"] = [first, other, {**first, "EventStatus": "Started", "NotBefore": ""}]
+    doc = parse_document(raw(body))
+    # One event per EventId, at its first position, with the last occurrence's content.
+    assert [(e.event_id, e.status) for e in doc.events] == [
+        ("C7061BAC-AFDC-4513-B24B-AA5F13A16123", "Started"), ("OTHER", "Scheduled")]
+    (anomaly,) = doc.anomalies
+    assert anomaly.kind == "duplicate_event_id" and "Events[2]" in anomaly.detail
+
+
+@pytest.mark.parametrize("field", ["EventId", "EventStatus", "EventType", "ResourceType",
+                                   "Description", "EventSource", "NotBefore", "Resources"])
+def test_lone_surrogates_are_replaced_at_the_parser_so_no_later_stage_meets_them(
+        field: str) -> None:
+    body = json.loads(raw(DOC))
+    event = body["Events"][0]
+    event[field] = ["vm\ud800"] if field == "Resources" else event[field] + "\udfff"
+    text = json.dumps(body).replace("\\\\ud800", "\\ud800").replace("\\\\udfff", "\\udfff")
+    doc = parse_document(text.encode())
+    (parsed,) = doc.events
+    texts = [parsed.event_id, parsed.status, parsed.event_type, parsed.resource_type,
+             parsed.description, parsed.source, parsed.not_before_raw, *parsed.resources]
+    for value in texts:
+        value.encode("utf-8")  # raises on a surrogate
+    if field != "NotBefore":  # a date parser that stops at the surrogate loses nothing
+        assert any("\ufffd" in value for value in texts)
+        assert [a.kind for a in doc.anomalies] == ["invalid_unicode"]
+
+
+def test_new_event_types_and_statuses_pass_through_unchanged() -> None:
+    body = json.loads(raw(DOC))
+    body["Events"][0].update(EventType="SpotRebalanceRecommendation", EventStatus="Advisory",
+                             NewField={"x": 1})
+    (event,) = parse_document(raw(body)).events
+    assert (event.event_type, event.status) == ("SpotRebalanceRecommendation", "Advisory")
+    assert not event.is_started
 
 
 def test_oversized_document_is_rejected_before_decoding() -> None:

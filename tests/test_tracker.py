@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduled_events_exporter.model import Document, ScheduledEvent, TransitionKind
-from scheduled_events_exporter.tracker import TrackerState, note_unchanged, track
+from scheduled_events_exporter.tracker import Evidence, TrackerState, note_unchanged, track
 
 T0 = datetime(2022, 4, 11, 22, 0, 0, tzinfo=timezone.utc)
 NB = datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc)
@@ -74,10 +74,11 @@ def test_hardware_failure_is_unannounced_start() -> None:
 
 
 def test_cancellation_before_not_before() -> None:
-    _, out = run([(0, 1, [ev()]), (10, 2, [])])
+    _, out = run([(0, 1, [ev()]), (1, 2, [])])
     assert kinds(out) == ["scheduled", "cancelled"]
+    assert out[1].outcome_basis == "consecutive_absence"
     assert out[1].event is not None and out[1].event.status == "Cancelled"
-    assert out[1].previous_status == "Scheduled" and out[1].elapsed == pytest.approx(10)
+    assert out[1].previous_status == "Scheduled" and out[1].elapsed == pytest.approx(1)
 
 
 def test_scheduled_gone_after_not_before_is_completed_unobserved() -> None:
@@ -87,10 +88,12 @@ def test_scheduled_gone_after_not_before_is_completed_unobserved() -> None:
     assert out[1].observed_start is False
 
 
-def test_scheduled_without_not_before_disappearing_is_completed() -> None:
+def test_scheduled_without_not_before_disappearing_is_unknown() -> None:
+    # Neither "before NotBefore" (cancelled) nor "after it" (completed) can be shown.
     _, out = run([(0, 1, [ev(not_before=None)]), (1, 2, [])])
-    assert kinds(out) == ["scheduled", "completed"]
-    assert out[0].notice is None and out[1].observed_start is False
+    assert kinds(out) == ["scheduled", "outcome_unknown"]
+    assert out[0].notice is None and out[1].outcome_basis == "no_not_before"
+    assert out[1].event is not None and out[1].event.status == "Unknown"
 
 
 def test_reschedule_is_an_update_with_old_and_new() -> None:
@@ -145,7 +148,8 @@ def test_new_incarnation_identical_list_emits_nothing() -> None:
 
 def test_incarnation_reset_is_reported_once_then_removals() -> None:
     _, out = run([(0, 5, [ev()]), (1, 1, []), (2, 1, []), (3, 2, [])])
-    assert kinds(out) == ["scheduled", "document_reset", "cancelled"]
+    assert kinds(out) == ["scheduled", "document_reset", "outcome_unknown"]
+    assert out[2].outcome_basis == "document_reset"
     reset = out[1]
     assert reset.event is None and reset.previous_incarnation == 5 and reset.incarnation == 1
 
@@ -153,8 +157,9 @@ def test_incarnation_reset_is_reported_once_then_removals() -> None:
 def test_observation_gap_marks_every_transition_of_that_document() -> None:
     state, _ = run([(0, 1, [ev("A"), ev("B")])])
     state, out = run([(60, 2, [ev("B", status="Started", not_before=None)])], state)
-    assert kinds(out) == ["cancelled", "started"]
+    assert kinds(out) == ["outcome_unknown", "started"]
     assert all(t.observation_gap == pytest.approx(60.0) for t in out)
+    assert out[0].outcome_basis == "observation_gap"
 
 
 def test_unchanged_document_keeps_the_watch_continuous() -> None:
@@ -168,7 +173,7 @@ def test_unchanged_document_keeps_the_watch_continuous() -> None:
 def test_unparseable_not_before_counts_as_unknown() -> None:
     odd = ev(not_before=None, not_before_raw="soon-ish")
     _, out = run([(0, 1, [odd]), (1, 2, [])])
-    assert kinds(out) == ["scheduled", "completed"]
+    assert kinds(out) == ["scheduled", "outcome_unknown"]
     assert out[0].event is not None and out[0].event.not_before_raw == "soon-ish"
 
 
@@ -214,10 +219,10 @@ def test_every_event_ends_in_exactly_one_terminal_transition(docs) -> None:
         if t.event is None:
             continue
         eid = t.event.event_id
-        if t.kind in (K.COMPLETED, K.CANCELLED):
+        if t.kind.is_end:
             assert eid in open_ids
             open_ids.remove(eid)
-        elif t.kind in (K.SCHEDULED,) or (t.kind is K.STARTED and t.unannounced):
+        elif t.kind in (K.SCHEDULED,) or (t.kind is K.STARTED and t.previous_status is None):
             assert eid not in open_ids
             open_ids.add(eid)
         else:
@@ -254,3 +259,95 @@ def test_at_most_one_transition_per_event_per_document(docs) -> None:
         ids_seen = [t.event.event_id for t in ts if t.event]
         assert len(ids_seen) == len(set(ids_seen))
         assert [t.kind for t in ts].count(K.DOCUMENT_RESET) <= 1
+
+
+# --- verdicts rest on evidence (docs/lifecycle.md) ---
+
+
+def test_gap_in_incarnations_before_not_before_is_unknown_not_cancelled() -> None:
+    _, out = run([(0, 5, [ev()]), (1, 7, [])])
+    assert kinds(out) == ["scheduled", "outcome_unknown"]
+    assert out[1].outcome_basis == "missed_documents"
+    assert out[1].event is not None and out[1].event.status == "Unknown"
+
+
+def test_consecutive_incarnations_before_not_before_is_cancelled() -> None:
+    _, out = run([(0, 5, [ev()]), (1, 6, [])])
+    assert kinds(out) == ["scheduled", "cancelled"]
+    assert out[1].outcome_basis == "consecutive_absence"
+
+
+def test_an_accepted_approval_then_the_event_gone_is_completed() -> None:
+    reboot = ev("R", event_type="Reboot", resources=("vm1",), source="User")
+    state, _ = run([(0, 2, [reboot])])
+    state, out = track(state, Document(4, ()), T0 + timedelta(seconds=30), gap_threshold=GAP,
+                       evidence=Evidence(approved=frozenset({"R"})))
+    assert kinds(out) == ["completed"]
+    assert out[0].outcome_basis == "approval_accepted" and out[0].observed_start is False
+
+
+def test_a_changed_boot_id_with_a_reboot_of_this_vm_pending_is_completed() -> None:
+    reboot = ev("R", event_type="Reboot", resources=("vm1",))
+    state, _ = track(TrackerState(), Document(2, (reboot,)), T0, gap_threshold=GAP,
+                     evidence=Evidence(boot_id="boot-a", vm_name="vm1"))
+    assert state.boot_id == "boot-a"
+    # The exporter died with its VM and comes back (state restored, interrupted) to incarnation 4.
+    restored = replace(state, interrupted=True)
+    _, out = track(restored, Document(4, ()), T0 + timedelta(seconds=90), gap_threshold=GAP,
+                   evidence=Evidence(boot_id="boot-b", vm_name="VM1"))
+    assert kinds(out) == ["completed"] and out[0].outcome_basis == "host_rebooted"
+    # The same reboot of another VM proves nothing about this one.
+    _, other = track(restored, Document(4, ()), T0 + timedelta(seconds=90), gap_threshold=GAP,
+                     evidence=Evidence(boot_id="boot-b", vm_name="vm2"))
+    assert kinds(other) == ["outcome_unknown"]
+
+
+def test_a_fresh_start_into_a_started_event_is_not_unannounced() -> None:
+    started = ev("HW", status="Started", event_type="Reboot", not_before=None)
+    _, out = run([(0, 9, [started])])
+    assert kinds(out) == ["started"]
+    assert out[0].unannounced is False and out[0].outcome_basis == "first_document"
+
+
+def test_a_started_event_after_a_gap_is_not_unannounced() -> None:
+    started = ev("HW", status="Started", event_type="Reboot", not_before=None)
+    _, out = run([(0, 1, []), (1, 3, [started])])
+    assert out[0].unannounced is False and out[0].outcome_basis == "missed_documents"
+    _, out = run([(0, 1, []), (30, 2, [started])])
+    assert out[0].unannounced is False and out[0].outcome_basis == "observation_gap"
+
+
+def test_a_watched_first_sight_as_started_is_unannounced() -> None:
+    started = ev("HW", status="Started", event_type="Reboot", not_before=None)
+    _, out = run([(0, 1, []), (1, 2, [started])])
+    assert out[0].unannounced is True and out[0].outcome_basis == "continuous_watch"
+
+
+def _feed_with_evidence(docs):
+    state, out, offset, inc = TrackerState(), [], 0.0, 0
+    for step, (inc_delta, evs) in enumerate(docs):
+        offset += 1 + step % 7
+        previous, inc = inc, max(0, inc + inc_delta)
+        state, ts = track(state, Document(inc, tuple(evs)), T0 + timedelta(seconds=offset),
+                          gap_threshold=GAP)
+        out.extend((t, inc - previous, step % 7) for t in ts)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents)
+def test_no_sequence_with_a_gap_ever_yields_cancelled(docs) -> None:
+    for t, inc_delta, pause in _feed_with_evidence([*docs, (1, [])]):
+        if t.kind is K.CANCELLED:
+            # offset advances by 1 + step % 7 seconds: more than GAP is an observation gap.
+            assert inc_delta in (0, 1) and 1 + pause <= GAP and t.observation_gap is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents)
+def test_every_end_carries_a_basis(docs) -> None:
+    for t, _, _ in _feed_with_evidence([*docs, (1, [])]):
+        if t.kind.is_end:
+            assert t.outcome_basis
+        if t.kind is K.STARTED and t.previous_status is None:
+            assert t.outcome_basis and t.unannounced is (t.outcome_basis == "continuous_watch")

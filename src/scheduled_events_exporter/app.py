@@ -21,6 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from scheduled_events_exporter.approver import Approver
+from scheduled_events_exporter.boot import read_boot_id
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
@@ -210,6 +211,7 @@ class Exporter:
             commit=self.committer,
             approver=self.approver,
             metrics_changed=self._metrics_changed,
+            boot_id=read_boot_id(config.boot_id_file),
         )
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(
@@ -221,6 +223,8 @@ class Exporter:
                 config.health_addr,
                 HealthInputs(
                     last_tick=lambda: self.poller.last_tick_monotonic,
+                    next_tick_deadline=lambda: self.poller.next_tick_deadline,
+                    loop_alive=lambda: self._thread.ident is None or self._thread.is_alive(),
                     started=time.monotonic(),
                     last_good=lambda: self.poller.last_good_monotonic,
                     last_outcome=lambda: self.poller.last_outcome,

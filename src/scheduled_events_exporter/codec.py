@@ -92,6 +92,7 @@ def encode_state(state: TrackerState) -> Json:
     return {
         "incarnation": state.incarnation,
         "last_good": _time(state.last_good),
+        "boot_id": state.boot_id,
         "events": [
             {
                 "event": encode_event(k.event),
@@ -124,7 +125,14 @@ def decode_state(data: Mapping[str, Any]) -> TrackerState:
         events=events,
         incarnation=incarnation,
         last_good=_parse_time(data.get("last_good"), "state.last_good"),
+        boot_id=_optional_str(data.get("boot_id"), "state.boot_id"),
     )
+
+
+def _optional_str(value: object, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{name}: expected a string or null, got {type(value).__name__}")
 
 
 def encode_record(record: TransitionRecord) -> Json:
@@ -143,6 +151,7 @@ def encode_record(record: TransitionRecord) -> Json:
         "changes": [[c.name, c.old, c.new] for c in t.changes],
         "observation_gap": t.observation_gap,
         "previous_incarnation": t.previous_incarnation,
+        "outcome_basis": t.outcome_basis,
         "approval_status": t.approval_status,
         "approval_reason": t.approval_reason,
         "approval_detail": t.approval_detail,
@@ -182,6 +191,7 @@ def decode_record(data: Mapping[str, Any]) -> TransitionRecord:
         changes=changes,
         observation_gap=data.get("observation_gap"),
         previous_incarnation=data.get("previous_incarnation"),
+        outcome_basis=data.get("outcome_basis"),
         approval_status=data.get("approval_status"),
         approval_reason=data.get("approval_reason"),
         approval_detail=data.get("approval_detail"),

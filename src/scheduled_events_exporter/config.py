@@ -18,6 +18,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_config
+from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
 
 SINK_NAMES = ("otlp", "eventhubs", "console")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
@@ -90,6 +91,8 @@ class Config:
     metrics_exporters_set: tuple[str, ...] | None = None
     #: Where the Prometheus scrape endpoint listens (OTEL_EXPORTER_PROMETHEUS_HOST / _PORT).
     prometheus_addr: tuple[str, int] = ("0.0.0.0", 9464)
+    #: Where the host's boot id is read (SEE_BOOT_ID_FILE; empty: never claim a reboot).
+    boot_id_file: Path | None = DEFAULT_BOOT_ID_FILE
 
     @property
     def metrics_exporters(self) -> tuple[str, ...]:
@@ -118,6 +121,7 @@ class Config:
             f"SEE_SHUTDOWN_TIMEOUT={self.shutdown_timeout:g}",
             f"SEE_SPOOL_MAX_RECORDS={self.spool_max_records}",
             f"SEE_LOG_LEVEL={self.log_level}",
+            f"SEE_BOOT_ID_FILE={self.boot_id_file or 'disabled'}",
         ]
         if "eventhubs" in self.sinks:
             if self.eventhub_connection_string:
@@ -298,6 +302,10 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         if problem:
             problems.append(f"SEE_STATE_DIR={_show(str(state_dir))}: {problem}")
 
+    raw_boot = env.get("SEE_BOOT_ID_FILE")
+    boot_id_file = DEFAULT_BOOT_ID_FILE if raw_boot is None else (
+        Path(raw_boot.strip()) if raw_boot.strip() else None)
+
     approval, approval_problems = parse_approval_config(env)
     problems.extend(approval_problems)
     if problems:
@@ -325,6 +333,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         approval=approval,
         metrics_exporters_set=metrics_exporters,
         prometheus_addr=(prometheus_host, prometheus_port),
+        boot_id_file=boot_id_file,
     )
 
 

@@ -43,6 +43,10 @@ class HealthInputs:
     monotonic: Callable[[], float] = time.monotonic
     #: Files outside the sinks (the state file) that cannot be written right now.
     write_faults: Callable[[], Sequence[WriteFault]] = tuple
+    #: Monotonic time by which the poll under way must end (``None`` before the first).
+    next_tick_deadline: Callable[[], float | None] = lambda: None
+    #: Whether the poll thread is still running (it never ends on its own).
+    loop_alive: Callable[[], bool] = lambda: True
 
 
 def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
@@ -51,11 +55,17 @@ def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     tick = inputs.last_tick()
     since = now - (tick if tick is not None else inputs.started)
     allowed = inputs.request_timeout + MAX_RETRY_DELAY + 2 * inputs.poll_interval + 5.0
-    ok = since <= allowed
+    deadline = inputs.next_tick_deadline()
+    if deadline is not None:
+        # The loop says when its current poll must be over (its schedule plus the request's
+        # own timeout): a loop stuck past that is stalled now, not minutes later.
+        allowed = max(deadline - (tick if tick is not None else inputs.started), 0.0)
+    alive = inputs.loop_alive()
+    ok = alive and since <= allowed
     return ok, {
-        "status": "ok" if ok else "stalled",
+        "status": "ok" if ok else ("stalled" if alive else "poll loop ended"),
         "seconds_since_last_poll": round(since, 3),
-        "allowed_seconds": allowed,
+        "allowed_seconds": round(allowed, 3),
     }
 
 

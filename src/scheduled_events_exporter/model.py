@@ -46,11 +46,25 @@ class ScheduledEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Anomaly:
+    """Something odd the parser repaired instead of refusing the whole document.
+
+    ``kind`` is a fixed word (the metric attribute): ``duplicate_event_id`` or
+    ``invalid_unicode``; ``detail`` is a short human description for the log.
+    """
+
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Document:
     """A parsed Scheduled Events document."""
 
     incarnation: int
     events: tuple[ScheduledEvent, ...] = ()
+    #: What the parser repaired (an EventId listed twice, text that was not valid Unicode).
+    anomalies: tuple[Anomaly, ...] = ()
 
 
 class _StrEnum(str, enum.Enum):
@@ -90,9 +104,48 @@ class TransitionKind(_StrEnum):
     UPDATED = "updated"
     COMPLETED = "completed"
     CANCELLED = "cancelled"
+    #: The event left the document and the evidence proves neither completion nor cancellation.
+    OUTCOME_UNKNOWN = "outcome_unknown"
     APPROVED = "approved"
     APPROVAL_SKIPPED = "approval_skipped"
     DOCUMENT_RESET = "document_reset"
+
+    @property
+    def is_end(self) -> bool:
+        """An end of an event: completed, cancelled or outcome unknown."""
+        return self in (TransitionKind.COMPLETED, TransitionKind.CANCELLED,
+                        TransitionKind.OUTCOME_UNKNOWN)
+
+
+class Basis(_StrEnum):
+    """The evidence behind a verdict (``outcome_basis``; docs/lifecycle.md has the table).
+
+    On an end of an event it says why it is completed, cancelled or unknown; on a ``started``
+    first seen already Started it says why it is (or is not) unannounced.
+    """
+
+    #: The exporter saw the event Started before it left the document.
+    OBSERVED_START = "observed_start"
+    #: IMDS accepted the exporter's own approval (StartRequests) of the event.
+    APPROVAL_ACCEPTED = "approval_accepted"
+    #: The host's boot id changed while a Reboot or Redeploy of this VM was pending.
+    HOST_REBOOTED = "host_rebooted"
+    #: The event left the document after its NotBefore.
+    NOT_BEFORE_PASSED = "not_before_passed"
+    #: Gone before its NotBefore between two consecutive documents watched without a gap.
+    CONSECUTIVE_ABSENCE = "consecutive_absence"
+    #: The incarnation advanced by more than one: documents were missed.
+    MISSED_DOCUMENTS = "missed_documents"
+    #: No good document for longer than the gap threshold, or the exporter was not running.
+    OBSERVATION_GAP = "observation_gap"
+    #: The incarnation went backwards (IMDS reset, redeploy to a new host).
+    DOCUMENT_RESET = "document_reset"
+    #: The first document this exporter saw (fresh start, no state): nothing was watched before.
+    FIRST_DOCUMENT = "first_document"
+    #: Gone before any usable NotBefore: neither "before" nor "after" it can be shown.
+    NO_NOT_BEFORE = "no_not_before"
+    #: Watched continuously with consecutive incarnations (what an unannounced start needs).
+    CONTINUOUS_WATCH = "continuous_watch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +177,8 @@ class Transition:
     changes: tuple[FieldChange, ...] = ()
     observation_gap: float | None = None
     previous_incarnation: int | None = None
+    #: The evidence of the verdict (a :class:`Basis` value) on ends and first-sight starts.
+    outcome_basis: str | None = None
     #: For approval records (SPEC §7): HTTP status or skip reason.
     approval_status: int | None = None
     approval_reason: str | None = None

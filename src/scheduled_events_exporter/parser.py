@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Final
 
-from scheduled_events_exporter.model import Document, ScheduledEvent
+from scheduled_events_exporter.model import Anomaly, Document, ScheduledEvent
 
 #: A real document is a few KB; anything far larger is hostile or broken.
 MAX_DOCUMENT_BYTES: Final = 4 * 1024 * 1024
@@ -24,6 +24,8 @@ MAX_EVENTS: Final = 10_000
 MAX_STRING: Final = 8 * 1024
 MAX_RESOURCES: Final = 1_000
 _EXCERPT: Final = 120
+#: A JSON ``\\ud800``-style escape yields a lone surrogate: a ``str`` no UTF-8 encoder accepts.
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
 class DocumentError(ValueError):
@@ -143,19 +145,51 @@ def parse_document(raw: bytes) -> Document:
         raise DocumentError(f"expected Events to be a list, got {_describe(events_raw)}", raw)
     if len(events_raw) > MAX_EVENTS:
         raise DocumentError(f"{len(events_raw)} events, expected at most {MAX_EVENTS}", raw)
-    events: list[ScheduledEvent] = []
-    seen: set[str] = set()
+    # One event per EventId; a repeated one keeps its first position and its last content,
+    # as a repeated key in a JSON object does (the platform never sends it, fixtures do).
+    events: dict[str, ScheduledEvent] = {}
+    anomalies: list[Anomaly] = []
     for index, item in enumerate(events_raw):
         try:
             event = _parse_event(item)
         except _EventError as exc:
             raise DocumentError(f"Events[{index}]: {exc}", raw) from None
-        if event.event_id in seen:
-            raise DocumentError(f"Events[{index}]: duplicate EventId {event.event_id!r}", raw)
-        seen.add(event.event_id)
-        events.append(event)
+        repaired = _valid_unicode(event)
+        if repaired is not event:
+            anomalies.append(Anomaly(
+                "invalid_unicode",
+                f"Events[{index}] has text that is not valid Unicode (a lone surrogate escape): "
+                "replaced with U+FFFD"))
+        if repaired.event_id in events:
+            anomalies.append(Anomaly(
+                "duplicate_event_id",
+                f"Events[{index}] repeats EventId {repaired.event_id[:64]!r}: the last one is "
+                "kept"))
+        events[repaired.event_id] = repaired
     assert isinstance(incarnation, int)
-    return Document(incarnation=_clamp(incarnation), events=tuple(events))
+    return Document(incarnation=_clamp(incarnation), events=tuple(events.values()),
+                    anomalies=tuple(anomalies))
+
+
+def _valid_unicode(event: ScheduledEvent) -> ScheduledEvent:
+    """``event`` with every lone surrogate replaced by U+FFFD (the same object when clean).
+
+    Decided here once so that no later stage (record ids, JSON, protobuf, logs, /metrics) meets
+    text it cannot encode; the replacement character shows the reader where it was.
+    """
+    texts = (event.event_id, event.status, event.event_type, event.resource_type,
+             event.not_before_raw, event.description, event.source, *event.resources)
+    if not any(_SURROGATE.search(t) for t in texts):
+        return event
+
+    def fix(text: str) -> str:
+        return _SURROGATE.sub("\ufffd", text)
+
+    return ScheduledEvent(
+        event_id=fix(event.event_id), status=fix(event.status), event_type=fix(event.event_type),
+        resource_type=fix(event.resource_type), resources=tuple(fix(r) for r in event.resources),
+        not_before=event.not_before, not_before_raw=fix(event.not_before_raw),
+        description=fix(event.description), source=fix(event.source), duration=event.duration)
 
 
 class _EventError(ValueError):

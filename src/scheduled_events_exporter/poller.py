@@ -18,10 +18,16 @@ from typing import Protocol
 from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.imds import ImdsClient, PollResult, retry_delay
-from scheduled_events_exporter.model import InstanceInfo, Outcome, ScheduledEvent, Transition
+from scheduled_events_exporter.model import (
+    Anomaly,
+    InstanceInfo,
+    Outcome,
+    ScheduledEvent,
+    Transition,
+)
 from scheduled_events_exporter.records import TransitionRecord, make_record
 from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
-from scheduled_events_exporter.tracker import TrackerState, note_unchanged, track
+from scheduled_events_exporter.tracker import Evidence, TrackerState, note_unchanged, track
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,10 @@ class ApprovalQueue(Protocol):
 
     def drain(self) -> list[Transition]:
         """Approval transitions decided since the last call, in order."""
+        ...
+
+    def approved_ids(self) -> frozenset[str]:
+        """EventIds whose approval IMDS accepted (evidence that they ran)."""
         ...
 
 
@@ -99,6 +109,7 @@ class Poller:
         commit: Committer | None = None,
         approver: ApprovalQueue | None = None,
         metrics_changed: Callable[[], None] | None = None,
+        boot_id: str | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -113,7 +124,13 @@ class Poller:
         #: Told (non-blocking) after a poll that changed the metrics; sinks export on their
         #: own threads, so the next poll is never delayed by a collector.
         self._metrics_changed = metrics_changed
+        #: The host's boot id (read once at start: it cannot change while this process runs).
+        self.boot_id = boot_id
         self._failures = 0
+        self._anomalies_logged_for: int | None = None
+        self._crashes = 0
+        #: Monotonic time by which the next poll must have ended (liveness reads it).
+        self.next_tick_deadline: float | None = None
         self._last_outcome: str | None = None
         self.last_outcome: str | None = None
         self.last_good_monotonic: float | None = None
@@ -135,20 +152,24 @@ class Poller:
         self.last_outcome = result.outcome.value
         transitions: tuple[Transition, ...] = ()
         changed = False
+        state = self.state
         if result.outcome is Outcome.OK and result.document is not None:
+            self._note_anomalies(result.document.incarnation, result.document.anomalies)
             new_state, transitions = track(
                 self.state, result.document, self.clock.wall(),
-                gap_threshold=self.config.gap_threshold,
+                gap_threshold=self.config.gap_threshold, evidence=self._evidence(),
             )
             changed = bool(transitions) or new_state.incarnation != self.state.incarnation
-            self.state = new_state
+            state = new_state
         elif result.outcome is Outcome.NOT_MODIFIED:
-            self.state = note_unchanged(self.state, self.clock.wall())
+            state = note_unchanged(self.state, self.clock.wall(), self._evidence())
         if self.approver is not None:
             # Decisions finished since the last poll ship with this one (the poll thread owns
             # seq), ahead of the document's own: an approval precedes the start it causes.
             transitions = (*self.approver.drain(), *transitions)
-        records = self._ship(transitions, changed=changed or bool(transitions),
+        # The new state is adopted only once its records are committed: a poll that fails on
+        # the way (a bug, a disk error) leaves the old state, so the next one re-derives them.
+        records = self._ship(transitions, state, changed=changed or bool(transitions),
                              good=result.outcome.good)
         # The first good document after a start is news too (the exporter is up and knows the
         # pending set), even when a restored state makes it look unchanged.
@@ -173,7 +194,21 @@ class Poller:
             self._metrics_changed()
         return result, records
 
-    def _ship(self, transitions: tuple[Transition, ...], *, changed: bool,
+    def _evidence(self) -> Evidence:
+        approved = self.approver.approved_ids() if self.approver is not None else frozenset()
+        return Evidence(approved=approved, boot_id=self.boot_id, vm_name=self.instance.vm_name)
+
+    def _note_anomalies(self, incarnation: int, anomalies: Sequence[Anomaly]) -> None:
+        # Once per incarnation: IMDS serves the same document every second until it changes.
+        if not anomalies or self._anomalies_logged_for == incarnation:
+            return
+        self._anomalies_logged_for = incarnation
+        for anomaly in anomalies:
+            self.telemetry.record_anomaly(anomaly.kind)
+            log.warning("IMDS document incarnation %d repaired (%s): %s; the other events "
+                        "are tracked as usual", incarnation, anomaly.kind, anomaly.detail)
+
+    def _ship(self, transitions: tuple[Transition, ...], state: TrackerState, *, changed: bool,
               good: bool) -> tuple[TransitionRecord, ...]:
         """Commit the state (with the records as its outbox), then hand the records over."""
         instance = self.instance
@@ -186,7 +221,8 @@ class Poller:
         # Commit first: once the state says "seen", the records must already be durable
         # (they ride in the state file's outbox until the spools have them).
         if self._commit is not None and (changed or good):
-            self._commit.commit(self.state, records, self.seq, changed=changed)
+            self._commit.commit(state, records, self.seq, changed=changed)
+        self.state = state
         if records:
             failpoints.hit("after_commit")
             # Hand over in the same poll that saw the change: this is the detection delay.
@@ -200,20 +236,40 @@ class Poller:
     def flush_approvals(self) -> None:
         """Ship approval decisions that finished after the last poll (used at shutdown)."""
         if self.approver is not None:
-            self._ship(tuple(self.approver.drain()), changed=True, good=False)
+            self._ship(tuple(self.approver.drain()), self.state, changed=True, good=False)
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""
         interval = self.config.poll_interval
         due = self.clock.monotonic()
         while not stop.is_set():
-            result, _ = self.poll_once()
+            self.next_tick_deadline = max(due, self.clock.monotonic()) + self._request_budget()
+            try:
+                result, _ = self.poll_once()
+            except Exception:
+                # Nothing may end polling silently: a bug met by one document costs that poll,
+                # not the exporter's watch. The state was not replaced, so nothing is lost.
+                self._crashes += 1
+                if self._crashes == 1 or self._crashes % 60 == 0:
+                    log.exception("poll failed unexpectedly (%d in a row); polling continues",
+                                  self._crashes)
+                due = self.clock.monotonic() + max(interval, 1.0)
+                stop.wait(max(0.0, due - self.clock.monotonic()))
+                continue
+            self._crashes = 0
             now = self.clock.monotonic()
             if result.outcome.good:
                 due = next_due(due, now, interval)
             else:
                 due = now + retry_delay(result, self._failures, interval)
             stop.wait(max(0.0, due - self.clock.monotonic()))
+
+    def _request_budget(self) -> float:
+        """Longest a poll may take: the request's timeout (long until IMDS first answered)
+        plus slack for parsing, committing and handing over."""
+        first = self.last_good_monotonic is None
+        timeout = self.config.imds_first_timeout if first else self.config.imds_timeout
+        return timeout + 10.0
 
     def _log_outcome(self, result: PollResult) -> None:
         # Once per outcome change, not once per second: a 410 minute is one line, not sixty.

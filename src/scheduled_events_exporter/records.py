@@ -40,6 +40,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("ElapsedSeconds", "real"),
     ("Changes", "dynamic"),
     ("ObservationGapSeconds", "real"),
+    ("OutcomeBasis", "string"),
     ("ApprovalStatus", "int"),
     ("ApprovalReason", "string"),
     ("VmId", "string"),
@@ -145,13 +146,18 @@ def body(record: TransitionRecord) -> str:
             return f"{kind} scheduled for {who} {when} ({impact})"
         case TransitionKind.STARTED:
             how = "unannounced " if t.unannounced else ""
-            return f"{kind} {how}started for {who} ({impact})"
+            first = (f" (first seen already started: {t.outcome_basis})"
+                     if t.outcome_basis and not t.unannounced else "")
+            return f"{kind} {how}started for {who} ({impact}){first}"
         case TransitionKind.UPDATED:
             fields = ", ".join(c.name for c in t.changes)
             return f"{kind} for {who} updated: {fields}"
         case TransitionKind.COMPLETED:
-            seen = "" if t.observed_start else " (start not observed)"
+            seen = "" if t.observed_start else f" (start not observed; {t.outcome_basis})"
             return f"{kind} completed for {who}{seen}"
+        case TransitionKind.OUTCOME_UNKNOWN:
+            return (f"{kind} for {who} left the document, outcome unknown "
+                    f"({t.outcome_basis}; was {when})")
         case TransitionKind.CANCELLED:
             return f"{kind} cancelled for {who} (was {when})"
         case TransitionKind.APPROVED:
@@ -186,6 +192,7 @@ def to_columns(record: TransitionRecord) -> dict[str, ColumnValue]:
         "ElapsedSeconds": t.elapsed,
         "Changes": changes_object(t) if t.changes else None,
         "ObservationGapSeconds": t.observation_gap,
+        "OutcomeBasis": t.outcome_basis,
         "ApprovalStatus": t.approval_status,
         "ApprovalReason": t.approval_reason,
         "VmId": inst.vm_id,
@@ -241,6 +248,7 @@ def to_attributes(record: TransitionRecord) -> Mapping[str, AttributeValue]:
         p + "elapsed": t.elapsed,
         p + "observation_gap": t.observation_gap,
         p + "previous_incarnation": t.previous_incarnation,
+        p + "outcome_basis": t.outcome_basis,
         p + "approval.http_status": t.approval_status,
         p + "approval.reason": t.approval_reason,
         p + "approval.detail": t.approval_detail,

@@ -8,6 +8,8 @@ with polling and per-event series vanish as soon as the event leaves the snapsho
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -50,7 +52,47 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("azure.scheduled_events.imds.staleness", "gauge", "s"),
     ("azure.scheduled_events.export.failures", "counter", "{failure}"),
     ("azure.scheduled_events.approvals", "counter", "{approval}"),
+    ("azure.scheduled_events.document.anomalies", "counter", "{anomaly}"),
 )
+
+#: Label values IMDS controls that pass unchanged (the documented ones, and ours for ends).
+KNOWN_LABELS: dict[str, frozenset[str]] = {
+    "type": frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Terminate", ""}),
+    "source": frozenset({"Platform", "User", ""}),
+    "status": frozenset({"Scheduled", "Started", "Completed", "Cancelled", "Unknown", ""}),
+}
+#: Well-formed values IMDS may add (a new EventType) pass too, up to this many per label.
+EXTRA_LABEL_VALUES = 8
+OTHER = "other"
+_LABEL_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+
+
+class LabelBound:
+    """Bounds the metric label values that IMDS controls (``type``, ``source``, ``status``).
+
+    The SDK keeps every attribute set a counter, histogram or observable gauge ever saw for the
+    life of the process, so an IMDS that invents values would grow memory and every scrape
+    without bound. Known values pass; a new well-formed word (the platform adding an EventType)
+    passes until ``EXTRA_LABEL_VALUES`` of them were seen; anything else is ``other``. Records
+    always keep the original text. Thread-safe: callers are the poll and reader threads.
+    """
+
+    def __init__(self) -> None:
+        self._extra: dict[str, set[str]] = {name: set() for name in KNOWN_LABELS}
+        self._lock = threading.Lock()
+
+    def __call__(self, label: str, value: str) -> str:
+        """The value to use for ``label`` (one of :data:`KNOWN_LABELS`' keys)."""
+        if value in KNOWN_LABELS[label]:
+            return value
+        with self._lock:
+            extra = self._extra[label]
+            if value in extra:
+                return value
+            if len(extra) < EXTRA_LABEL_VALUES and _LABEL_WORD.fullmatch(value):
+                extra.add(value)
+                return value
+        return OTHER
 
 #: Notice histogram buckets (s): 30 s preempt … 15 min … days of degraded-hardware notice.
 NOTICE_BUCKETS = (0, 30, 60, 120, 300, 600, 900, 1800, 3600, 21600, 86400, 604800)
@@ -178,6 +220,8 @@ class Telemetry:
 
     def __post_init__(self) -> None:
         self.snapshot = GaugeSnapshot()
+        #: Bounds the IMDS-controlled label values of every instrument.
+        self.labels = LabelBound()
         self.provider = MeterProvider(metric_readers=list(self.readers), resource=self.resource)
         meter = self.provider.get_meter(SCOPE_NAME, __version__)
         m = "azure.scheduled_events."
@@ -224,6 +268,10 @@ class Telemetry:
         self._failures = meter.create_counter(
             m + "export.failures", unit="{failure}", description="Failed or dropped exports"
         )
+        self._anomalies = meter.create_counter(
+            m + "document.anomalies", unit="{anomaly}",
+            description="Documents the parser repaired (repeated EventId, invalid Unicode)",
+        )
 
     # --- recording, called by the poll loop and the sinks (cheap, non-blocking) ---
 
@@ -239,17 +287,17 @@ class Telemetry:
         """Count a transition; a ``scheduled`` with a NotBefore also feeds the notice histogram."""
         t = record.transition
         event = t.event
-        attrs = {
-            "transition": t.kind.value,
-            "type": event.event_type if event else "",
-            "source": event.source if event else "",
-        }
-        self._transitions.add(1, attrs)
+        bound = self.labels
+        kind = bound("type", event.event_type if event else "")
+        source = bound("source", event.source if event else "")
+        self._transitions.add(1, {"transition": t.kind.value, "type": kind, "source": source})
         if t.kind is TransitionKind.SCHEDULED and t.notice is not None and event is not None:
             # Histograms take non-negative values; a late sighting counts as zero notice.
-            self._notice.record(
-                max(t.notice, 0.0), {"type": event.event_type, "source": event.source}
-            )
+            self._notice.record(max(t.notice, 0.0), {"type": kind, "source": source})
+
+    def record_anomaly(self, kind: str) -> None:
+        """Count one anomaly the parser repaired (``duplicate_event_id``, ``invalid_unicode``)."""
+        self._anomalies.add(1, {"kind": kind})
 
     def record_export_failure(self, sink: str, signal: str, count: int = 1) -> None:
         """Count failed or dropped exports by sink and signal."""
@@ -309,8 +357,11 @@ class Telemetry:
         snap = self.snapshot
         if not snap.events:
             return [Observation(0)]
+        bound = self.labels
         counts = Counter(
-            (e.event_type, e.status, e.source, e.affects(snap.vm_name)) for e in snap.events
+            (bound("type", e.event_type), bound("status", e.status), bound("source", e.source),
+             e.affects(snap.vm_name))
+            for e in snap.events
         )
         return [
             Observation(n, {"type": t, "status": s, "source": src, "affects_self": a})
@@ -325,10 +376,9 @@ class Telemetry:
         last = self.snapshot.last_good_monotonic
         return [] if last is None else [Observation(self.monotonic() - last)]
 
-    @staticmethod
-    def _event_attrs(event: ScheduledEvent, snap: GaugeSnapshot) -> dict[str, str | bool]:
+    def _event_attrs(self, event: ScheduledEvent, snap: GaugeSnapshot) -> dict[str, str | bool]:
         return {
             P + "id": event.event_id,
-            "type": event.event_type,
+            "type": self.labels("type", event.event_type),
             "affects_self": event.affects(snap.vm_name),
         }

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from scheduled_events_exporter.model import (
+    Basis,
     Document,
     FieldChange,
     ScheduledEvent,
@@ -34,6 +35,10 @@ FieldValue = str | int | list[str] | None
 #: Status reported after a removal (not an IMDS value: IMDS just drops the event).
 STATUS_COMPLETED = "Completed"
 STATUS_CANCELLED = "Cancelled"
+STATUS_UNKNOWN = "Unknown"
+
+#: Event types whose run reboots (or moves) this VM: a changed boot id proves they ran.
+REBOOTING_TYPES = frozenset({"reboot", "redeploy"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,22 @@ class TrackerState:
     last_good: datetime | None = None
     #: The watch was interrupted (the exporter restarted) since ``last_good``, however briefly.
     interrupted: bool = False
+    #: The host's boot id when the state was last updated (``None``: unknown).
+    boot_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the exporter knows beyond the document, handed to :func:`track` (no I/O here).
+
+    ``approved``: EventIds whose approval IMDS accepted (the exporter's own, remembered in the
+    state file). ``boot_id``: the host's boot identity now (``None`` when unreadable).
+    ``vm_name``: this VM, to tell whether a pending Reboot or Redeploy was its own.
+    """
+
+    approved: frozenset[str] = frozenset()
+    boot_id: str | None = None
+    vm_name: str = ""
 
 
 def field_value(event: ScheduledEvent, name: str) -> FieldValue:
@@ -89,9 +110,30 @@ def observation_gap(state: TrackerState, now: datetime, gap_threshold: float) ->
     return gap if state.interrupted or gap > gap_threshold else None
 
 
-def note_unchanged(state: TrackerState, now: datetime) -> TrackerState:
-    """Record a good but unchanged document (HTTP 304): only the freshness moves."""
-    return replace(state, last_good=now, interrupted=False)
+def note_unchanged(
+    state: TrackerState, now: datetime, evidence: Evidence | None = None
+) -> TrackerState:
+    """Record a good but unchanged document (HTTP 304): only the freshness moves.
+
+    The watch is continuous again from here, so the boot id is the current one too: a later
+    change of it means a reboot after this document.
+    """
+    boot_id = evidence.boot_id if evidence is not None and evidence.boot_id else state.boot_id
+    return replace(state, last_good=now, interrupted=False, boot_id=boot_id)
+
+
+def discontinuity(state: TrackerState, incarnation: int, gap: float | None) -> Basis | None:
+    """Why the exporter cannot claim it saw every document up to ``incarnation`` (``None``: it
+    can: a previous document, no observation gap, the incarnation advanced by at most one)."""
+    if state.incarnation is None or state.last_good is None:
+        return Basis.FIRST_DOCUMENT
+    if incarnation < state.incarnation:
+        return Basis.DOCUMENT_RESET
+    if incarnation > state.incarnation + 1:
+        return Basis.MISSED_DOCUMENTS
+    if gap is not None:
+        return Basis.OBSERVATION_GAP
+    return None
 
 
 def track(
@@ -100,6 +142,7 @@ def track(
     now: datetime,
     *,
     gap_threshold: float,
+    evidence: Evidence | None = None,
 ) -> tuple[TrackerState, tuple[Transition, ...]]:
     """Compare ``document`` with ``state`` and return the new state and the transitions.
 
@@ -107,9 +150,16 @@ def track(
     then removals, status changes, updates and appearances, each in document (or first-seen)
     order. An event changes at most once per document: a status change carries the new values
     of the other fields rather than adding an ``updated`` beside it.
+
+    Ends and first sights are judged by ``evidence`` (docs/lifecycle.md): an event leaving the
+    document is ``cancelled`` only when nothing was missed, and ``outcome_unknown`` when the
+    evidence proves neither ending.
     """
+    evidence = evidence or Evidence()
     gap = observation_gap(state, now, gap_threshold)
     incarnation = document.incarnation
+    gap_basis = discontinuity(state, incarnation, gap)
+    rebooted = bool(state.boot_id and evidence.boot_id and state.boot_id != evidence.boot_id)
 
     make = _Maker(now=now, incarnation=incarnation, gap=gap)
 
@@ -123,7 +173,7 @@ def track(
     removals: list[Transition] = []
     for event_id, known in state.events.items():
         if event_id not in current:
-            removals.append(_removal(known, now, make))
+            removals.append(_removal(known, now, make, evidence, gap_basis, rebooted))
 
     status_changes: list[Transition] = []
     updates: list[Transition] = []
@@ -133,7 +183,7 @@ def track(
         known_or_none = state.events.get(event.event_id)
         if known_or_none is None:
             new_events[event.event_id] = KnownEvent(event, first_seen=now, status_since=now)
-            appearances.append(_appearance(event, now, make))
+            appearances.append(_appearance(event, now, make, gap_basis))
             continue
         known = known_or_none
         old = known.event
@@ -161,7 +211,8 @@ def track(
                 make(TransitionKind.UPDATED, event, previous_status=old.status, changes=changes)
             )
 
-    new_state = TrackerState(events=new_events, incarnation=incarnation, last_good=now)
+    new_state = TrackerState(events=new_events, incarnation=incarnation, last_good=now,
+                             boot_id=evidence.boot_id or state.boot_id)
     transitions = (*resets, *removals, *status_changes, *updates, *appearances)
     return new_state, transitions
 
@@ -176,38 +227,48 @@ def _changes(old: ScheduledEvent, new: ScheduledEvent) -> tuple[FieldChange, ...
     return tuple(out)
 
 
-def _removal(known: KnownEvent, now: datetime, make: _Maker) -> Transition:
+def _removal(
+    known: KnownEvent,
+    now: datetime,
+    make: _Maker,
+    evidence: Evidence,
+    gap_basis: Basis | None,
+    rebooted: bool,
+) -> Transition:
+    """The verdict on an event that left the document, with the evidence it rests on."""
     event = known.event
     elapsed = (now - known.status_since).total_seconds()
-    # The record shows the status *after* the transition; IMDS has no word for it, we do.
+
+    def end(kind: TransitionKind, status: str, basis: Basis,
+            observed_start: bool | None = None) -> Transition:
+        # The record shows the status *after* the transition; IMDS has no word for it, we do.
+        return make(kind, replace(event, status=status), previous_status=event.status,
+                    observed_start=observed_start, elapsed=elapsed, outcome_basis=basis)
+
     if event.is_started:
-        return make(
-            TransitionKind.COMPLETED,
-            replace(event, status=STATUS_COMPLETED),
-            previous_status=event.status,
-            observed_start=True,
-            elapsed=elapsed,
-        )
-    if event.not_before is not None and event.not_before > now:
-        return make(
-            TransitionKind.CANCELLED,
-            replace(event, status=STATUS_CANCELLED),
-            previous_status=event.status,
-            elapsed=elapsed,
-        )
-    # Gone after its NotBefore (or with none usable): it ran, we just never saw it Started.
-    return make(
-        TransitionKind.COMPLETED,
-        replace(event, status=STATUS_COMPLETED),
-        previous_status=event.status,
-        observed_start=False,
-        elapsed=elapsed,
-    )
+        return end(TransitionKind.COMPLETED, STATUS_COMPLETED, Basis.OBSERVED_START, True)
+    if event.event_id in evidence.approved:
+        return end(TransitionKind.COMPLETED, STATUS_COMPLETED, Basis.APPROVAL_ACCEPTED, False)
+    if (rebooted and event.event_type.casefold() in REBOOTING_TYPES
+            and event.affects(evidence.vm_name)):
+        return end(TransitionKind.COMPLETED, STATUS_COMPLETED, Basis.HOST_REBOOTED, False)
+    if event.not_before is not None and event.not_before <= now:
+        return end(TransitionKind.COMPLETED, STATUS_COMPLETED, Basis.NOT_BEFORE_PASSED, False)
+    if gap_basis is None and not rebooted and event.not_before is not None:
+        return end(TransitionKind.CANCELLED, STATUS_CANCELLED, Basis.CONSECUTIVE_ABSENCE)
+    # Documents were missed (or NotBefore is unknown): it may have run or been cancelled in
+    # between, and guessing either would corrupt the cancellation and notice statistics.
+    return end(TransitionKind.OUTCOME_UNKNOWN, STATUS_UNKNOWN, gap_basis or Basis.NO_NOT_BEFORE)
 
 
-def _appearance(event: ScheduledEvent, now: datetime, make: _Maker) -> Transition:
+def _appearance(
+    event: ScheduledEvent, now: datetime, make: _Maker, gap_basis: Basis | None
+) -> Transition:
     if event.is_started:
-        return make(TransitionKind.STARTED, event, unannounced=True)
+        # Unannounced only if the exporter was watching: after a fresh start or a gap it is
+        # just the first sight of an event that may well have been Scheduled meanwhile.
+        return make(TransitionKind.STARTED, event, unannounced=gap_basis is None,
+                    outcome_basis=gap_basis or Basis.CONTINUOUS_WATCH)
     notice = (event.not_before - now).total_seconds() if event.not_before is not None else None
     return make(TransitionKind.SCHEDULED, event, notice=notice)
 
@@ -232,6 +293,7 @@ class _Maker:
         elapsed: float | None = None,
         changes: tuple[FieldChange, ...] = (),
         previous_incarnation: int | None = None,
+        outcome_basis: Basis | None = None,
     ) -> Transition:
         return Transition(
             kind=kind,
@@ -246,4 +308,5 @@ class _Maker:
             changes=changes,
             observation_gap=self.gap,
             previous_incarnation=previous_incarnation,
+            outcome_basis=outcome_basis.value if outcome_basis is not None else None,
         )
