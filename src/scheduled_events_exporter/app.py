@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -131,12 +132,21 @@ class StateCommitter:
             self._last_save = now
 
 
+def replay_clock(start: datetime | None) -> Clock | None:
+    """A wall clock that starts at ``start`` and runs at real speed (SEE_CLOCK_START, for
+    replaying captured documents against the times they were captured at)."""
+    if start is None:
+        return None
+    origin = time.monotonic()
+    return Clock(wall=lambda: start + timedelta(seconds=time.monotonic() - origin))
+
+
 class Exporter:
     """A running exporter: poller thread, sinks and telemetry."""
 
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
-        self.clock = clock or Clock()
+        self.clock = clock or replay_clock(config.clock_start) or Clock()
         self.client = ImdsClient(
             config.imds_endpoint,
             first_timeout=config.imds_first_timeout,

@@ -98,6 +98,7 @@ def encode_state(state: TrackerState) -> Json:
                 "event": encode_event(k.event),
                 "first_seen": _time(k.first_seen),
                 "status_since": _time(k.status_since),
+                **({"unannounced": True} if k.unannounced else {}),
             }
             for k in state.events.values()
         ],
@@ -120,6 +121,7 @@ def decode_state(data: Mapping[str, Any]) -> TrackerState:
             event,
             first_seen=_req_time(item.get("first_seen"), "first_seen"),
             status_since=_req_time(item.get("status_since"), "status_since"),
+            unannounced=item.get("unannounced") is True,
         )
     return TrackerState(
         events=events,

@@ -13,6 +13,7 @@ import re
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -93,6 +94,9 @@ class Config:
     prometheus_addr: tuple[str, int] = ("0.0.0.0", 9464)
     #: Where the host's boot id is read (SEE_BOOT_ID_FILE; empty: never claim a reboot).
     boot_id_file: Path | None = DEFAULT_BOOT_ID_FILE
+    #: Replay only (SEE_CLOCK_START): the wall clock starts here and runs at real speed, so a
+    #: recorded document sequence meets the NotBefore times it was captured with.
+    clock_start: datetime | None = None
 
     @property
     def metrics_exporters(self) -> tuple[str, ...]:
@@ -302,6 +306,8 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         if problem:
             problems.append(f"SEE_STATE_DIR={_show(str(state_dir))}: {problem}")
 
+    clock_start = get("SEE_CLOCK_START", _parse_instant, None,
+                      "an RFC 3339 time with a zone, e.g. 2021-07-22T04:36:00Z (replay only)")
     raw_boot = env.get("SEE_BOOT_ID_FILE")
     boot_id_file = DEFAULT_BOOT_ID_FILE if raw_boot is None else (
         Path(raw_boot.strip()) if raw_boot.strip() else None)
@@ -334,6 +340,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         metrics_exporters_set=metrics_exporters,
         prometheus_addr=(prometheus_host, prometheus_port),
         boot_id_file=boot_id_file,
+        clock_start=clock_start,
     )
 
 
@@ -385,6 +392,13 @@ def _parse_addr(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(text)
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _parse_instant(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError("no time zone")
+    return moment.astimezone(timezone.utc)
 
 
 def _parse_level(text: str) -> str:

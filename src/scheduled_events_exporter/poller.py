@@ -180,6 +180,7 @@ class Poller:
             self.telemetry.publish(
                 GaugeSnapshot(
                     events=tuple(k.event for k in self.state.events.values()),
+                    unannounced=frozenset(i for i, k in self.state.events.items() if k.unannounced),
                     vm_name=self.instance.vm_name,
                     incarnation=self.state.incarnation,
                     last_good_monotonic=now_mono,

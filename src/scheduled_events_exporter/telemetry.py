@@ -205,6 +205,8 @@ class GaugeSnapshot:
     events: tuple[ScheduledEvent, ...] = ()
     vm_name: str = ""
     incarnation: int | None = None
+    #: EventIds first seen already Started while watched (their per-event gauges say so).
+    unannounced: frozenset[str] = frozenset()
     #: Monotonic time of the last good document (None before the first).
     last_good_monotonic: float | None = None
 
@@ -377,8 +379,13 @@ class Telemetry:
         return [] if last is None else [Observation(self.monotonic() - last)]
 
     def _event_attrs(self, event: ScheduledEvent, snap: GaugeSnapshot) -> dict[str, str | bool]:
-        return {
+        attrs: dict[str, str | bool] = {
             P + "id": event.event_id,
             "type": self.labels("type", event.event_type),
             "affects_self": event.affects(snap.vm_name),
         }
+        if event.event_id in snap.unannounced:
+            # Present only on the rare unannounced event: the alert keys on it, others keep
+            # their label set.
+            attrs["unannounced"] = True
+        return attrs

@@ -48,6 +48,8 @@ class KnownEvent:
     event: ScheduledEvent
     first_seen: datetime
     status_since: datetime
+    #: First seen already Started while the exporter watched continuously (a real surprise).
+    unannounced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +184,10 @@ def track(
     for event in document.events:
         known_or_none = state.events.get(event.event_id)
         if known_or_none is None:
-            new_events[event.event_id] = KnownEvent(event, first_seen=now, status_since=now)
-            appearances.append(_appearance(event, now, make, gap_basis))
+            appearance = _appearance(event, now, make, gap_basis)
+            new_events[event.event_id] = KnownEvent(event, first_seen=now, status_since=now,
+                                                    unannounced=bool(appearance.unannounced))
+            appearances.append(appearance)
             continue
         known = known_or_none
         old = known.event
@@ -201,11 +205,13 @@ def track(
                     elapsed=elapsed,
                 )
             )
-            new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since=now)
+            new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since=now,
+                                                    unannounced=known.unannounced)
             continue
         changes = _changes(old, event)
         status_since = known.status_since if event.status == old.status else now
-        new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since)
+        new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since,
+                                                unannounced=known.unannounced)
         if changes:
             updates.append(
                 make(TransitionKind.UPDATED, event, previous_status=old.status, changes=changes)

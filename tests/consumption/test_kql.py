@@ -102,6 +102,8 @@ def test_query_pack_covers_both_landing_paths() -> None:
         "observation-gaps.kql",
         "fleet-heatmap.kql",
         "silent-exporters.kql",
+        "unknown-outcomes.kql",
+        "late-first-sight.kql",
     }
     assert required <= eventhubs
     assert eventhubs == otel

@@ -124,7 +124,16 @@ def document_response(incarnation: int, events: Sequence[Mapping[str, object]], 
     document = {"DocumentIncarnation": incarnation, "Events": shaped}
     body = json.dumps(document, separators=(",", ":")).encode()  # compact, as IMDS sends it
     # Content in the tag: after an incarnation reset the same number can carry other events.
-    etag = f'"{incarnation}-{hashlib.sha256(body).hexdigest()[:16]}"'
+    return _with_etag(f'"{incarnation}-{hashlib.sha256(body).hexdigest()[:16]}"', body,
+                      if_none_match)
+
+
+def raw_document_response(body: bytes, if_none_match: str | None) -> Response:
+    """A recorded document served byte for byte (with an ETag over it, or 304)."""
+    return _with_etag(f'"raw-{hashlib.sha256(body).hexdigest()[:16]}"', body, if_none_match)
+
+
+def _with_etag(etag: str, body: bytes, if_none_match: str | None) -> Response:
     if if_none_match is not None:
         tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
         if "*" in tags or etag in tags:

@@ -37,6 +37,7 @@ from scheduled_events_exporter.simulator.server import (
     instance_document,
     is_loopback,
     parse_start_requests,
+    raw_document_response,
     start_events,
 )
 
@@ -76,6 +77,8 @@ class Simulator:
         self._faults = FaultQueue()
         self._log_entries: list[RequestLogEntry] = []
         self._approved: set[str] = set()
+        #: A recorded document served byte for byte instead of the rendered one (replay).
+        self._raw: bytes | None = None
         self._conns: set[socket.socket] = set()
         self._playbacks: list[threading.Event] = []
         self._stopping = threading.Event()
@@ -173,6 +176,25 @@ class Simulator:
         self._events = fresh
         return self._incarnation
 
+    def set_raw_document(self, body: bytes | None) -> None:
+        """Serve ``body`` exactly as given (a document captured on a real VM), until the next
+        call; ``None`` goes back to rendering. Its events (when it parses) become the current
+        ones, so an approval of them is accepted as IMDS would; the bytes served stay the
+        recorded ones, since the recording is what the platform sent next."""
+        with self._lock:
+            self._raw = body
+            if body is None:
+                return
+            try:
+                parsed = json.loads(body)
+                events = parsed["Events"]
+                incarnation = parsed["DocumentIncarnation"]
+            except (ValueError, KeyError, TypeError):
+                return  # a broken recording is served as it is; the exporter must cope
+            if isinstance(events, list) and isinstance(incarnation, int):
+                self._events = [e for e in events if isinstance(e, dict)]
+                self._incarnation = incarnation
+
     def push_fault(self, fault: Fault) -> None:
         """Queue ``fault``; queued faults are used in order by the requests they match."""
         with self._lock:
@@ -237,6 +259,8 @@ class Simulator:
     def _document(self, route: Route, headers: tuple[tuple[str, str], ...]) -> Response:
         inm = next((v for k, v in headers if k.lower() == "if-none-match"), None)
         with self._lock:
+            if self._raw is not None:
+                return raw_document_response(self._raw, inm)
             return document_response(self._incarnation, self._events, route.version, inm)
 
     def _approve(self, body: bytes) -> Response:
