@@ -252,11 +252,16 @@ class Exporter:
 
     def start(self) -> None:
         """Start polling."""
+        config = self.config
+        health = (f"http://{config.health_addr[0]}:{config.health_addr[1]}/healthz and /readyz"
+                  if config.health_addr else "off")
+        metrics = ", ".join(
+            f"Prometheus http://{config.prometheus_addr[0]}:{config.prometheus_addr[1]}/metrics"
+            if m == "prometheus" else m for m in config.metrics_exporters) or "none"
         log.info(
-            "polling %s every %g s; sinks: %s",
-            self.config.imds_endpoint,
-            self.config.poll_interval,
-            ", ".join(self.config.sinks),
+            "polling %s every %g s; records to: %s; metrics to: %s; health: %s; state: %s",
+            config.imds_endpoint, config.poll_interval, ", ".join(config.sinks), metrics,
+            health, config.state_dir or "not kept (SEE_STATE_DIR empty)",
         )
         self._thread.start()
         if self.scrape is not None:

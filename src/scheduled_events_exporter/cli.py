@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -14,9 +13,9 @@ from scheduled_events_exporter.config import Config, ConfigError, load_config
 EXIT_CONFIG = 2
 
 
-def _load() -> Config | None:
+def _load(*, create: bool = True) -> Config | None:
     try:
-        return load_config()
+        return load_config(create=create)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"configuration error: {problem}", file=sys.stderr)
@@ -36,7 +35,7 @@ def _run() -> int:
 
 
 def _check_config() -> int:
-    config = _load()
+    config = _load(create=False)
     if config is None:
         return EXIT_CONFIG
     for line in config.describe(os.environ):
@@ -44,35 +43,94 @@ def _check_config() -> int:
     return 0
 
 
+COMMANDS = {
+    "run": "poll IMDS and ship every change (the default when no command is given)",
+    "check-config": "validate the SEE_*/OTEL_* environment, print the effective configuration "
+                    "(secrets redacted) and exit; changes nothing",
+    "demo": "play a scenario against a simulated IMDS on loopback, console output, no Azure "
+            "needed",
+    "simulate": "serve a simulated IMDS on loopback for your own tests",
+    "version": "print the version",
+}
+
+_TOP_HELP = f"""usage: scheduled-events-exporter [COMMAND] [--help] [--version]
+
+Azure Scheduled Events -> OpenTelemetry log records and metrics (OTLP, Azure Event Hubs,
+console). Configured by SEE_* and OTEL_* environment variables only (README, "Configuration").
+
+commands:
+{chr(10).join(f"  {name:14}{text}" for name, text in COMMANDS.items())}
+
+Without a command it runs. "scheduled-events-exporter COMMAND --help" describes each one.
+"""
+
+_RUN_HELP = """usage: scheduled-events-exporter [run]
+
+Poll the IMDS Scheduled Events document (SEE_IMDS_ENDPOINT, default http://169.254.169.254,
+every SEE_POLL_INTERVAL seconds) and turn every change into a log record and metrics, shipped to
+the sinks in SEE_SINKS (otlp, eventhubs, console). Runs until SIGTERM or SIGINT, then drains the
+sinks within SEE_SHUTDOWN_TIMEOUT seconds.
+
+Reads: SEE_IMDS_ENDPOINT, SEE_POLL_INTERVAL, SEE_IMDS_FIRST_TIMEOUT, SEE_IMDS_TIMEOUT, SEE_SINKS,
+SEE_STATE_DIR, SEE_STALENESS_LIMIT, SEE_HEALTH_ADDR, SEE_SHUTDOWN_TIMEOUT, SEE_SPOOL_MAX_RECORDS,
+SEE_EVENTHUB_*, SEE_APPROVE*, SEE_BOOT_ID_FILE, SEE_LOG_LEVEL and the standard OTEL_* variables
+(OTEL_EXPORTER_OTLP_*, OTEL_METRICS_EXPORTER, OTEL_EXPORTER_PROMETHEUS_*, OTEL_SERVICE_NAME,
+OTEL_RESOURCE_ATTRIBUTES). The README's "Configuration" table says what each one means.
+
+Exit codes: 0 after a clean shutdown, 2 for a configuration error (one line per problem on
+stderr), 1 when a sink could not drain at shutdown.
+"""
+
+_CHECK_HELP = """usage: scheduled-events-exporter check-config
+
+Validate the configuration exactly as "run" would (the same variables: see "run --help"), print
+the effective value of every setting with secrets redacted, and exit: 0 when "run" would start,
+2 with one line per problem otherwise. It creates, writes and connects to nothing.
+"""
+
+_VERSION_HELP = """usage: scheduled-events-exporter version
+
+Print the exporter's version (also: scheduled-events-exporter --version).
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``scheduled-events-exporter`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="scheduled-events-exporter",
-        description="Azure Scheduled Events → OpenTelemetry logs and metrics. Configured by "
-        "SEE_* and OTEL_* environment variables (see README).",
-    )
-    parser.add_argument(
-        "command",
-        nargs="?",
-        default="run",
-        choices=["run", "check-config", "simulate", "demo", "version"],
-    )
-    known, rest = parser.parse_known_args(args[:1])
-    rest += args[1:]
-    if known.command == "simulate":
+    if not args or args[0].startswith("-"):
+        if args and args[0] in ("-h", "--help"):
+            print(_TOP_HELP, end="")
+            return 0
+        if args and args[0] in ("-V", "--version"):
+            print(__version__)
+            return 0
+        command, rest = "run", args
+    else:
+        command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"scheduled-events-exporter: unknown command {command!r}; expected one of "
+              f"{', '.join(COMMANDS)} (see --help)", file=sys.stderr)
+        return EXIT_CONFIG
+    if command == "simulate":
         from scheduled_events_exporter.simulator.cli import main as simulate
 
         return simulate(rest)
-    if known.command == "demo":
+    if command == "demo":
         from scheduled_events_exporter.demo import main as demo
 
         return demo(rest)
+    helps = {"run": _RUN_HELP, "check-config": _CHECK_HELP, "version": _VERSION_HELP}
+    if rest in (["-h"], ["--help"]):
+        print(helps[command], end="")
+        return 0
     if rest:
-        parser.error(f"unexpected arguments: {' '.join(rest)}")
-    if known.command == "version":
+        print(f"scheduled-events-exporter {command}: unexpected arguments: {' '.join(rest)} "
+              f"(it is configured by environment variables; see "
+              f"'scheduled-events-exporter {command} --help')", file=sys.stderr)
+        return EXIT_CONFIG
+    if command == "version":
         print(__version__)
         return 0
-    if known.command == "check-config":
+    if command == "check-config":
         return _check_config()
     return _run()

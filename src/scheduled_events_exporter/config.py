@@ -157,8 +157,12 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
     return Path(base) / "scheduled-events-exporter"
 
 
-def load_config(env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate the configuration; raises :class:`ConfigError` listing every problem."""
+def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) -> Config:
+    """Read and validate the configuration; raises :class:`ConfigError` listing every problem.
+
+    ``create=False`` (``check-config``) only checks that the state directory could be created
+    and written, and leaves the file system as it was.
+    """
     env = dict(os.environ if env is None else env)
     problems: list[str] = []
 
@@ -302,7 +306,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     raw_state = env.get("SEE_STATE_DIR")
     if raw_state is None or raw_state.strip():
         state_dir = Path(raw_state.strip()) if raw_state else default_state_dir(env)
-        problem = _check_writable(state_dir)
+        problem = _check_writable(state_dir) if create else _could_write(state_dir)
         if problem:
             problems.append(f"SEE_STATE_DIR={_show(str(state_dir))}: {problem}")
 
@@ -496,6 +500,21 @@ def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> 
             f"{'them' if len(missing) > 1 else 'it'} installed "
             f"(pip install {' '.join(repr(m) for m in missing)}) or eventhubs removed from "
             "SEE_SINKS"]
+
+
+def _could_write(path: Path) -> str:
+    """Whether ``path`` is (or could be created as) a writable directory, touching nothing."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"expected a writable directory ({probe} is not a directory)"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "is not writable" if probe == path else f"cannot be created in {probe}"
+        return f"expected a writable directory (it {what})"
+    return ""
 
 
 def _check_writable(path: Path) -> str:

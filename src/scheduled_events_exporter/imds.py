@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import urllib3
-from urllib3.exceptions import HTTPError
+from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from scheduled_events_exporter.model import Document, InstanceInfo, Outcome
@@ -66,6 +66,7 @@ class ImdsClient:
         self._answered = False
         self._etag: str | None = None
         self._clock = clock
+        self._endpoint = endpoint
 
     def close(self) -> None:
         """Close the connection."""
@@ -81,9 +82,15 @@ class ImdsClient:
         started = self._clock()
         try:
             status, body, response_headers = self._request("GET", EVENTS_PATH, headers, timeout)
+        except NewConnectionError as exc:
+            # Refused, unreachable, no such host: urllib3 derives this from its connect-timeout
+            # class for old callers, but nothing waited here, so it is no timeout.
+            return PollResult(Outcome.CONNECTION_ERROR, self._clock() - started,
+                              error=f"cannot connect to {self._endpoint}: {_reason(exc)}")
         except Urllib3Timeout:
             return PollResult(
-                Outcome.TIMEOUT, self._clock() - started, error=f"no answer in {timeout:g} s"
+                Outcome.TIMEOUT, self._clock() - started,
+                error=f"no answer from {self._endpoint} in {timeout:g} s"
             )
         except (HTTPError, OSError) as exc:
             return PollResult(Outcome.CONNECTION_ERROR, self._clock() - started, error=_short(exc))
@@ -211,6 +218,16 @@ def _retry_after(value: str | None) -> float | None:
     return seconds if 0 <= seconds <= 3600 else None
 
 
-def _short(exc: BaseException) -> str:
+def _reason(exc: NewConnectionError) -> str:
+    """The OS's words for a failed connection ("Connection refused", "Name or service not
+    known"), without urllib3's object reprs."""
+    text = str(exc)
+    marker = "Failed to establish a new connection: "
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    return _short(text)
+
+
+def _short(exc: BaseException | str) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."

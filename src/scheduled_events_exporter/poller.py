@@ -32,6 +32,10 @@ from scheduled_events_exporter.tracker import Evidence, TrackerState, note_uncha
 log = logging.getLogger(__name__)
 
 
+#: Seconds between reminders that IMDS has not answered since the start.
+SILENCE_LOG_EVERY = 30.0
+
+
 class Submitter(Protocol):
     """Anything records are handed to after each poll (every sink, the diagnostic log)."""
 
@@ -128,6 +132,8 @@ class Poller:
         self.boot_id = boot_id
         self._failures = 0
         self._anomalies_logged_for: int | None = None
+        self._first_poll_monotonic: float | None = None
+        self._silence_logged: float | None = None
         self._crashes = 0
         #: Monotonic time by which the next poll must have ended (liveness reads it).
         self.next_tick_deadline: float | None = None
@@ -149,6 +155,7 @@ class Poller:
         self.last_tick_monotonic = now_mono
         self.telemetry.record_request(result.outcome, result.status, result.duration)
         self._log_outcome(result)
+        self._log_silence(result, now_mono)
         self.last_outcome = result.outcome.value
         transitions: tuple[Transition, ...] = ()
         changed = False
@@ -271,6 +278,24 @@ class Poller:
         first = self.last_good_monotonic is None
         timeout = self.config.imds_first_timeout if first else self.config.imds_timeout
         return timeout + 10.0
+
+    def _log_silence(self, result: PollResult, now: float) -> None:
+        # Off Azure the default endpoint never answers: say so at a steady pace rather than
+        # once, so a user watching the log is not left with minutes of silence.
+        if result.outcome.good or self.last_good_monotonic is not None:
+            return
+        if self._first_poll_monotonic is None:  # the outcome line just said it once
+            self._first_poll_monotonic = self._silence_logged = now
+            return
+        if self._silence_logged is not None and now - self._silence_logged < SILENCE_LOG_EVERY:
+            return
+        self._silence_logged = now
+        log.warning(
+            "IMDS at %s has not given a document since the start %.0f s ago (last: %s: %s). "
+            "On an Azure VM it can take up to 2 minutes to enable itself; off Azure, "
+            "'scheduled-events-exporter demo' runs against a simulated IMDS.",
+            self.config.imds_endpoint, now - self._first_poll_monotonic,
+            result.outcome.value, result.error or "no detail")
 
     def _log_outcome(self, result: PollResult) -> None:
         # Once per outcome change, not once per second: a 410 minute is one line, not sixty.
