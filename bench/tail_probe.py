@@ -23,7 +23,7 @@ from scheduled_events_exporter.sinks import delivery, otlp
 
 try:
     from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader as Reader
-except ImportError:  # the code before issue 11 (bench/e2e_delay.py --code)
+except ImportError:  # the code before on-change metrics (bench/e2e_delay.py --code)
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader as Reader
 
 

@@ -1,4 +1,4 @@
-"""Approval rules and decisions (SPEC §7): parsing ``SEE_APPROVE*`` and :func:`decide`, pure."""
+"""Approval rules and decisions (docs/semantics.md#approval-opt-in): parsing ``SEE_APPROVE*`` and :func:`decide`, pure."""
 
 from __future__ import annotations
 

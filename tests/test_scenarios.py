@@ -1,4 +1,4 @@
-"""Scenario files (config/scenarios) and their playback by the simulator (SPEC §9)."""
+"""Scenario files (config/scenarios) and their playback by the simulator (docs/semantics.md#simulator)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The IMDS simulator, exercised over real loopback HTTP (SPEC §9). No mocks."""
+"""The IMDS simulator, exercised over real loopback HTTP (docs/semantics.md#simulator). No mocks."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
 from scheduled_events_exporter.model import InstanceInfo
-from scheduled_events_exporter.poller import Clock, Poller, with_vm_name
+from scheduled_events_exporter.poller import Clock, Poller, Submitter, with_vm_name
 from scheduled_events_exporter.records import TransitionRecord, body
 from scheduled_events_exporter.sinks import Sink, create_sinks
 from scheduled_events_exporter.state import PersistedState, StateStore
@@ -144,7 +144,9 @@ def replay_clock(start: datetime | None) -> Clock | None:
 class Exporter:
     """A running exporter: poller thread, sinks and telemetry."""
 
-    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config, clock: Clock | None = None,
+                 observers: Sequence[Submitter] = ()) -> None:
+        """``observers`` see every record after the sinks (the demo's summary uses it)."""
         self.config = config
         self.clock = clock or replay_clock(config.clock_start) or Clock()
         self.client = ImdsClient(
@@ -211,7 +213,7 @@ class Exporter:
         self.poller = Poller(
             config,
             self.client,
-            [*self.sinks, LoggingSink()],
+            [*self.sinks, LoggingSink(), *observers],
             self.telemetry,
             instance=instance,
             # Whatever happened while we were not running is reported with its gap.
@@ -286,9 +288,12 @@ class Exporter:
             remaining = max(0.0, deadline - time.monotonic())
             if not sink.shutdown(remaining):
                 status = sink.status()
-                log.error(
-                    "sink %s: %d records not delivered at shutdown", sink.name, status.pending
-                )
+                kept = self.config.state_dir is not None
+                (log.warning if kept else log.error)(
+                    "sink %s: %d records not delivered before the shutdown timeout; %s",
+                    sink.name, status.pending,
+                    "they are kept in the spool and delivered, in order, after the restart"
+                    if kept else "they are lost (SEE_STATE_DIR is empty: no spool)")
                 drained = False
         if self.scrape is not None:
             self.scrape.stop()

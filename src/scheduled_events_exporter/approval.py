@@ -1,4 +1,4 @@
-"""Approval rules and decisions (SPEC §7), pure: no I/O, no clock, no threads.
+"""Approval rules and decisions (docs/semantics.md#approval-opt-in), pure: no I/O, no clock, no threads.
 
 ``SEE_APPROVE`` and friends become an :class:`ApprovalConfig` (:func:`parse_approval_config`);
 :func:`decide` says, for one event of a document, whether this VM should approve it, skip it
@@ -26,7 +26,7 @@ APPROVE_VARIABLES: Final = (
     "SEE_APPROVE_HOOK_TIMEOUT",
 )
 #: Outcome labels, in the order the metric documentation lists them: ``approved`` and the
-#: ``approval_skipped`` reasons of SPEC §7.
+#: ``approval_skipped`` reasons of docs/semantics.md#approval-opt-in.
 OUTCOMES: Final = ("approved", "dry_run", "not_leader", "not_self", "hook_failed", "post_failed")
 
 RuleKind = Literal["user", "freeze", "type", "all"]
@@ -262,7 +262,7 @@ def decide(
 ) -> Decision | None:
     """This VM's approval decision on ``event``, or ``None`` when there is nothing to record.
 
-    ``None`` when no rule matches (no approval record, SPEC §7), when the event is not
+    ``None`` when no rule matches (no approval record, docs/semantics.md#approval-opt-in), when the event is not
     ``Scheduled`` (a Started event needs no approval and is no longer a decision), and when
     this exporter already approved it successfully (never POST or report it twice). Otherwise
     the guard rails apply in this order: ``not_self``, ``not_leader`` (several Resources, this

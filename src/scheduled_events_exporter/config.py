@@ -107,7 +107,7 @@ class Config:
 
     @property
     def gap_threshold(self) -> float:
-        """No good document for longer than this is an observation gap (SPEC §3: 3 intervals)."""
+        """No good document for longer than this is an observation gap (docs/lifecycle.md: 3 intervals)."""
         return 3 * self.poll_interval
 
     def describe(self, env: Mapping[str, str]) -> list[str]:
@@ -442,7 +442,7 @@ def _parse_host(text: str) -> str:
 def _implicit_sinks(
     env: Mapping[str, str], connection_string: str, namespace: str
 ) -> tuple[str, ...]:
-    """SPEC §8: console unless something else is configured."""
+    """docs/semantics.md#sinks: console unless something else is configured."""
     sinks: list[str] = []
     if any(
         env.get(k, "").strip()

@@ -8,13 +8,16 @@ line per transition on stderr), then exits.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from scheduled_events_exporter.app import Exporter, install_signal_handlers, setup_logging
 from scheduled_events_exporter.config import ConfigError, load_config
+from scheduled_events_exporter.demo_summary import RecordCollector, summarize
 from scheduled_events_exporter.simulator import Simulator
 from scheduled_events_exporter.simulator.scenarios import (
     ScenarioError,
@@ -23,9 +26,39 @@ from scheduled_events_exporter.simulator.scenarios import (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (no usage block) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def _number(text: str, low: float, high: float, expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low < value <= high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    return _number(text, 0.0, 1e6, "a speed factor above 0, e.g. 30")
+
+
+def _interval(text: str) -> float:
+    return _number(text, 0.2 - 1e-9, 3600.0, "a poll interval in seconds from 0.2 to 3600")
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the demo; exit 0 when the scenario has played and every record was printed."""
-    parser = argparse.ArgumentParser(prog="scheduled-events-exporter demo")
+    parser = _Parser(
+        prog="scheduled-events-exporter demo",
+        description="Play a scenario against a simulated IMDS on loopback and print what the "
+        "exporter ships: JSON lines on stdout, one readable line per transition and a closing "
+        "summary on stderr. No Azure and no configuration needed; SEE_APPROVE* is honoured, "
+        "the other SEE_*/OTEL_EXPORTER_* variables are ignored.")
     parser.add_argument(
         "--scenario",
         default="demo",
@@ -33,11 +66,12 @@ def main(argv: Sequence[str]) -> int:
     )
     parser.add_argument(
         "--speed",
-        type=float,
+        type=_positive,
         default=None,
-        help="virtual seconds per real second (default: the scenario's own)",
+        help="virtual seconds per real second, above 0 (default: the scenario's own)",
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="poll interval in seconds")
+    parser.add_argument("--interval", type=_interval, default=1.0,
+                        help="poll interval in seconds, 0.2 to 3600 (default 1)")
     args = parser.parse_args(list(argv))
     try:
         scenario = load_scenario(args.scenario)
@@ -76,7 +110,8 @@ def main(argv: Sequence[str]) -> int:
         f"against a simulated IMDS at {simulator.url}: {scenario.description}",
         file=sys.stderr,
     )
-    exporter = Exporter(config)
+    collector = RecordCollector()
+    exporter = Exporter(config, observers=[collector])
     exporter.start()
     done = simulator.play(scenario, speed=speed)
     # Wait for the scenario, then for a few more polls so its last change is seen too.
@@ -85,6 +120,8 @@ def main(argv: Sequence[str]) -> int:
     stop.wait(3 * config.poll_interval)
     exporter.stop()
     simulator.stop()
+    for line in summarize(collector.snapshot(), speed):
+        print(line, file=sys.stderr)
     print(
         "demo: done. Next: point it at a real collector with SEE_SINKS=otlp and "
         "OTEL_EXPORTER_OTLP_ENDPOINT (see README).",

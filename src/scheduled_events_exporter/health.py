@@ -1,4 +1,4 @@
-"""``/healthz`` and ``/readyz`` (SPEC §6) with JSON bodies.
+"""``/healthz`` and ``/readyz`` (docs/semantics.md#reliability) with JSON bodies.
 
 ``/healthz``: the process is alive and the poll loop is ticking (not wedged past the longest
 request plus the longest retry delay). ``/readyz``: a good IMDS document within

@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
-#: EventStatus values the platform documents; anything else is kept verbatim (SPEC §3).
+#: EventStatus values the platform documents; anything else is kept verbatim (docs/lifecycle.md).
 STATUS_SCHEDULED = "Scheduled"
 STATUS_STARTED = "Started"
 
@@ -97,7 +97,7 @@ class Outcome(_StrEnum):
 
 
 class TransitionKind(_StrEnum):
-    """Transition names exactly as SPEC §3 spells them."""
+    """Transition names exactly as docs/lifecycle.md spells them."""
 
     SCHEDULED = "scheduled"
     STARTED = "started"
@@ -179,7 +179,7 @@ class Transition:
     previous_incarnation: int | None = None
     #: The evidence of the verdict (a :class:`Basis` value) on ends and first-sight starts.
     outcome_basis: str | None = None
-    #: For approval records (SPEC §7): HTTP status or skip reason.
+    #: For approval records (docs/semantics.md#approval-opt-in): HTTP status or skip reason.
     approval_status: int | None = None
     approval_reason: str | None = None
     #: Human detail of an approval decision (hook exit, POST answer, matching rule).

@@ -1,4 +1,4 @@
-"""The state file (SPEC §6): what a restart must remember, written atomically.
+"""The state file (docs/semantics.md#reliability): what a restart must remember, written atomically.
 
 It holds the tracker state, the last record sequence number, and an *outbox*: the records of
 the last committed document. The poll loop commits the state (with its records) before handing

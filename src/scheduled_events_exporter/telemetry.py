@@ -1,4 +1,4 @@
-"""Telemetry mapping (SPEC §4, §5): records → OTel log records, tracker state → metrics.
+"""Telemetry mapping (docs/semantics.md#records, docs/semantics.md#metrics): records → OTel log records, tracker state → metrics.
 
 Gauges are observable and read a :class:`GaugeSnapshot` that the poll loop publishes by
 swapping one reference, so collection (on the SDK's reader thread) never takes a lock shared
@@ -39,7 +39,7 @@ from scheduled_events_exporter.records import TransitionRecord, body, to_attribu
 SCOPE_NAME = "scheduled_events_exporter"
 P = "azure.scheduled_event."
 
-#: (name, kind, unit) of every instrument, exactly as SPEC §5 names them.
+#: (name, kind, unit) of every instrument, exactly as docs/semantics.md#metrics names them.
 METRICS: tuple[tuple[str, str, str], ...] = (
     ("azure.scheduled_events.pending", "gauge", "{event}"),
     ("azure.scheduled_events.time_to_not_before", "gauge", "s"),
@@ -137,7 +137,7 @@ def add_metrics(data: MetricsData, extra: Sequence[Metric]) -> MetricsData:
 
 
 def severity(record: TransitionRecord) -> tuple[SeverityNumber, str]:
-    """SPEC §3 severities: WARN for what is coming, ERROR when unannounced, INFO for endings."""
+    """docs/lifecycle.md severities: WARN for what is coming, ERROR when unannounced, INFO for endings."""
     kind = record.transition.kind
     if kind is TransitionKind.STARTED and record.transition.unannounced:
         return SeverityNumber.ERROR, "ERROR"

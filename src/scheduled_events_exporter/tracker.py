@@ -1,4 +1,4 @@
-"""Lifecycle tracker (SPEC §3): a pure function of (previous state, new document, now).
+"""Lifecycle tracker (docs/lifecycle.md): a pure function of (previous state, new document, now).
 
 IMDS has no Completed or Cancelled status: an event simply disappears. The tracker remembers what
 it has seen and turns each change of the document into transitions. No I/O and no clock reads:
@@ -148,7 +148,7 @@ def track(
 ) -> tuple[TrackerState, tuple[Transition, ...]]:
     """Compare ``document`` with ``state`` and return the new state and the transitions.
 
-    Order inside one document (SPEC §3): ``document_reset`` first (it explains what follows),
+    Order inside one document (docs/lifecycle.md): ``document_reset`` first (it explains what follows),
     then removals, status changes, updates and appearances, each in document (or first-seen)
     order. An event changes at most once per document: a status change carries the new values
     of the other fields rather than adding an ``updated`` beside it.

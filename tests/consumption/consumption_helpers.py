@@ -2,8 +2,8 @@
 manifests).
 
 Everything that names a table column, an OTel attribute or a Prometheus metric is derived here
-from the product's own definitions (``scheduled_events_exporter.records.COLUMNS``, the SPEC §5
-instrument table in :data:`SPEC_INSTRUMENTS`), so renaming a field breaks these tests instead of
+from the product's own definitions (``scheduled_events_exporter.records.COLUMNS``, the docs/semantics.md#metrics
+instrument table in :data:`INSTRUMENTS`), so renaming a field breaks these tests instead of
 silently breaking the queries users run.
 
 External tools (installed by ``.ci/install-consumption-tools.sh``): node packages in
@@ -334,15 +334,15 @@ def run_kusto_check(queries: Sequence[KqlQuery]) -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class Instrument:
-    """One SPEC §5 instrument: name, kind (gauge, counter, histogram) and unit."""
+    """One docs/semantics.md#metrics instrument: name, kind (gauge, counter, histogram) and unit."""
 
     name: str
     kind: str
     unit: str
 
 
-#: The instruments the code declares (``telemetry.METRICS``): SPEC §5 plus the approvals counter.
-SPEC_INSTRUMENTS: tuple[Instrument, ...] = tuple(Instrument(n, k, u) for n, k, u in METRICS)
+#: The instruments the code declares (``telemetry.METRICS``): docs/semantics.md#metrics plus the approvals counter.
+INSTRUMENTS: tuple[Instrument, ...] = tuple(Instrument(n, k, u) for n, k, u in METRICS)
 
 _KINDS = {"Gauge": "gauge", "Sum": "counter", "Histogram": "histogram"}
 
@@ -372,7 +372,7 @@ def observed_metrics() -> tuple[ObservedMetric, ...]:
     from tests.exporter_process import ExporterProcess, clean_env, free_port
     from tests.peers.rotel import RotelReceiver
 
-    wanted = {i.name for i in SPEC_INSTRUMENTS}
+    wanted = {i.name for i in INSTRUMENTS}
     with Simulator(vm_name="vm-obs") as sim, RotelReceiver() as rotel:
         sim.set_events([{"EventId": "OBS-1", "EventStatus": "Scheduled", "EventType": "Reboot",
                          "ResourceType": "VirtualMachine", "Resources": ["vm-obs"],

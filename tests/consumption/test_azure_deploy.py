@@ -1,5 +1,5 @@
 """What a real Azure deployment of config/azure and the Log Analytics dashboard needs, beyond KQL
-that analyses clean (issue 13): the templates validate against Azure's published resource manager
+that analyses clean: the templates validate against Azure's published resource manager
 schemas; log alert rules can be created before their tables hold data, and stay valid when a table
 goes silent; alert queries pass ago() a timespan literal; the event hub partition counts are
 parameters; the data collection endpoint and rules default to the workspace's region; the Event
@@ -235,7 +235,7 @@ def test_shared_hub_mode_declares_no_resource_twice() -> None:
 
 
 def test_exporter_variables_match_the_hubs() -> None:
-    # Transitions go to SEE_EVENTHUB_NAME, snapshots to SEE_EVENTHUB_METRICS_NAME (issue 11).
+    # Transitions go to SEE_EVENTHUB_NAME, snapshots to SEE_EVENTHUB_METRICS_NAME.
     params = ch.load_json(INGESTION)["parameters"]
     assert "SEE_EVENTHUB_NAME" in params["eventHubName"]["metadata"]["description"]
     assert "SEE_EVENTHUB_METRICS_NAME" in params["metricsEventHubName"]["metadata"]["description"]

@@ -1,6 +1,6 @@
 """Grafana dashboard checks: each dashboard (and each panel's options, field config and queries)
 type-checks against @grafana/schema under `tsc --strict`; Prometheus panels only query metric names
-the exporter really exports (SPEC §5 rendered by the OTel Prometheus translation) and parse with
+the exporter really exports (docs/semantics.md#metrics rendered by the OTel Prometheus translation) and parse with
 promtool; Azure Monitor panels query Log Analytics through the workspace variable (their KQL is
 analysed in test_kql.py)."""
 
@@ -45,7 +45,7 @@ def test_prometheus_queries_use_exported_metric_names() -> None:
         used |= names
     # The dashboard shows every instrument family except document_incarnation (its name differs
     # between the Python exporter and the collector: see exported_prometheus_names).
-    families = {ch.prometheus_family(i) for i in ch.SPEC_INSTRUMENTS} - {
+    families = {ch.prometheus_family(i) for i in ch.INSTRUMENTS} - {
         "azure_scheduled_events_document_incarnation"
     }
     shown = {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n in used}

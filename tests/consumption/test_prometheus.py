@@ -112,13 +112,13 @@ def test_prometheus_name_rendering(
 
 def test_exported_names_are_the_spec_instruments() -> None:
     # What a real run delivered to a real collector is exactly what the code declares.
-    assert ch.observed_instruments() == tuple(sorted(ch.SPEC_INSTRUMENTS, key=lambda i: i.name))
+    assert ch.observed_instruments() == tuple(sorted(ch.INSTRUMENTS, key=lambda i: i.name))
     names = ch.exported_prometheus_names()
     assert "azure_scheduled_events_imds_duration_seconds_bucket" in names
     assert "azure_scheduled_events_export_failures_total" in names
     assert "azure_scheduled_events_approvals_total" in names
     assert not any("document_incarnation" in n for n in names)
-    assert len(ch.SPEC_INSTRUMENTS) == 11
+    assert len(ch.INSTRUMENTS) == 11
 
 
 def test_rule_file_header(tmp_path: Path) -> None:

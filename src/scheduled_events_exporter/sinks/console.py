@@ -1,4 +1,4 @@
-"""Console sink: the SPEC §8 flat JSON object per transition, one per line on stdout."""
+"""Console sink: the docs/semantics.md#sinks flat JSON object per transition, one per line on stdout."""
 
 from __future__ import annotations
 

@@ -41,6 +41,30 @@ from scheduled_events_exporter.telemetry import SCOPE_NAME, ExtraMetrics, add_me
 log = logging.getLogger(__name__)
 
 
+class LastWarning(logging.Handler):
+    """Remembers the last warning the SDK's OTLP exporters logged: the SDK returns a bare
+    FAILURE from ``export``, and says why (status, connection error) only in its own log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.message = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.message = record.getMessage().splitlines()[0][:200]
+        except Exception:  # a logging handler must never raise into the SDK
+            self.message = record.msg if isinstance(record.msg, str) else ""
+
+    def take(self) -> str:
+        """The last message (then forgotten), or a placeholder."""
+        message, self.message = self.message, ""
+        return message or "no reason given by the SDK"
+
+
+_SDK_REASONS = LastWarning()
+logging.getLogger("opentelemetry.exporter.otlp").addHandler(_SDK_REASONS)
+
+
 class CountingMetricExporter(MetricExporter):
     """Delegates to an SDK metric exporter and counts failed exports."""
 
@@ -68,7 +92,9 @@ class CountingMetricExporter(MetricExporter):
             result = MetricExportResult.FAILURE
         if result is MetricExportResult.FAILURE:
             if not self._failing:
-                log.error("sink %s: metric export failed (will retry next interval)", self._sink)
+                log.error("sink %s: metric export failed: %s (metrics are re-read and sent "
+                          "again at the next change or heartbeat)", self._sink,
+                          _SDK_REASONS.take())
             self._failing = True
             self._count_failure(self._sink, "metrics", 1)
         else:
