@@ -1,4 +1,5 @@
-"""Approval rules and decisions (docs/semantics.md#approval-opt-in): parsing ``SEE_APPROVE*`` and :func:`decide`, pure."""
+"""Approval rules and decisions (docs/semantics.md#approval-opt-in): parsing ``SEE_APPROVE*`` and
+:func:`decide`, pure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The approval worker against the loopback IMDS simulator (docs/semantics.md#approval-opt-in, docs/semantics.md#simulator): real HTTP, real hooks.
+"""The approval worker against the loopback IMDS simulator (docs/semantics.md#approval-opt-in,
+docs/semantics.md#simulator): real HTTP, real hooks.
 
 Every wait is on a condition with a deadline (``Approver.wait_idle``, the simulator's request
 log, a file the hook writes); nothing sleeps and hopes.

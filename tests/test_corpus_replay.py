@@ -95,7 +95,7 @@ def test_a_changed_boot_id_across_a_restart_completes_the_pending_reboot(
         readme_sim: Simulator, tmp_path: Path) -> None:
     """The exporter dies with its VM during the reboot and comes back to incarnation 4: the
     host's boot id changed while a Reboot of this VM was pending, so it ran."""
-    one, two, four = corpus("vm-scheduled-events-readme")
+    _, two, four = corpus("vm-scheduled-events-readme")
     readme_sim.set_raw_document(two)
     with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:36:08Z")) as first:
         records = first.wait_for_records(1, 20)

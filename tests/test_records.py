@@ -1,4 +1,5 @@
-"""Transition → record (pure): the docs/semantics.md#sinks columns, the docs/semantics.md#records attributes, stable ids, bodies."""
+"""Transition → record (pure): the docs/semantics.md#sinks columns, the docs/semantics.md#records
+attributes, stable ids, bodies."""
 
 from __future__ import annotations
 

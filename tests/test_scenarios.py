@@ -1,4 +1,5 @@
-"""Scenario files (config/scenarios) and their playback by the simulator (docs/semantics.md#simulator)."""
+"""Scenario files (config/scenarios) and their playback by the simulator
+(docs/semantics.md#simulator)."""
 
 from __future__ import annotations
 

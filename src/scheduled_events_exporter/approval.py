@@ -1,4 +1,5 @@
-"""Approval rules and decisions (docs/semantics.md#approval-opt-in), pure: no I/O, no clock, no threads.
+"""Approval rules and decisions (docs/semantics.md#approval-opt-in), pure: no I/O, no clock, no
+threads.
 
 ``SEE_APPROVE`` and friends become an :class:`ApprovalConfig` (:func:`parse_approval_config`);
 :func:`decide` says, for one event of a document, whether this VM should approve it, skip it
@@ -262,7 +263,8 @@ def decide(
 ) -> Decision | None:
     """This VM's approval decision on ``event``, or ``None`` when there is nothing to record.
 
-    ``None`` when no rule matches (no approval record, docs/semantics.md#approval-opt-in), when the event is not
+    ``None`` when no rule matches (no approval record, docs/semantics.md#approval-opt-in), when
+    the event is not
     ``Scheduled`` (a Started event needs no approval and is no longer a decision), and when
     this exporter already approved it successfully (never POST or report it twice). Otherwise
     the guard rails apply in this order: ``not_self``, ``not_leader`` (several Resources, this

@@ -1,4 +1,5 @@
-"""The approval worker (docs/semantics.md#approval-opt-in): hook (:mod:`.hook`), then ``POST StartRequests``, on its own
+"""The approval worker (docs/semantics.md#approval-opt-in): hook (:mod:`.hook`), then ``POST
+StartRequests``, on its own
 thread.
 
 The poll thread only calls :meth:`Approver.offer` (keep the latest document, O(1)) and
@@ -36,7 +37,8 @@ from scheduled_events_exporter.model import TransitionKind as Kind
 log = logging.getLogger(__name__)
 
 _POST_HEADERS: Final = {"Metadata": "true", "Content-Type": "application/json"}
-#: Waits before the 2nd, 3rd and 4th POST (docs/semantics.md#approval-opt-in: retried up to 3 times with backoff).
+#: Waits before the 2nd, 3rd and 4th POST (docs/semantics.md#approval-opt-in: retried up to 3
+#: times with backoff).
 RETRY_DELAYS: Final = (1.0, 2.0, 4.0)
 #: Successful approvals remembered (and persisted): years of events for one VM, a few KB.
 MAX_APPROVED: Final = 1000
@@ -280,7 +282,7 @@ class Approver:
 
     def _report(self, kind: Kind, event: ScheduledEvent, offer: _Offer,
                 status: int | None, reason: str, outcome: str) -> None:
-        label = None if kind is Kind.APPROVED else outcome  # the bare docs/semantics.md#approval-opt-in reason
+        label = None if kind is Kind.APPROVED else outcome  # the bare reason word
         transition = Transition(kind=kind, at=self._clock(), incarnation=offer.incarnation,
                                 event=event, approval_status=status, approval_reason=label,
                                 approval_detail=reason.removeprefix(f"{outcome}: ") or None)

@@ -107,7 +107,8 @@ class Config:
 
     @property
     def gap_threshold(self) -> float:
-        """No good document for longer than this is an observation gap (docs/lifecycle.md: 3 intervals)."""
+        """No good document for longer than this is an observation gap (docs/lifecycle.md: 3
+        intervals)."""
         return 3 * self.poll_interval
 
     def describe(self, env: Mapping[str, str]) -> list[str]:

@@ -6,7 +6,8 @@ moves it here and goes on. ``SEE_STATE_DIR/dead-letter.jsonl`` holds one JSON ob
 ``time`` (RFC 3339), ``sink``, ``status`` (``"400"``, ``"INVALID_ARGUMENT"``,
 ``"message_too_large"``), ``reason``, ``event_id``, ``transition``, ``record_id``, ``seq`` and
 ``payload``: the record as the sink would have sent it (the OTLP/JSON request for ``otlp``, the
-docs/semantics.md#sinks object for ``eventhubs`` and ``console``), so it can be inspected or replayed by hand.
+docs/semantics.md#sinks object for ``eventhubs`` and ``console``), so it can be inspected or
+replayed by hand.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The approval hook (docs/semantics.md#approval-opt-in): ``SEE_APPROVE_HOOK`` run with the event, bounded in time.
+"""The approval hook (docs/semantics.md#approval-opt-in): ``SEE_APPROVE_HOOK`` run with the event,
+bounded in time.
 
 A hook drains a node, checkpoints a job or leaves a load balancer before Azure may start the
 maintenance; only exit status 0 lets the approver POST. This module knows how to run one safely

@@ -1,4 +1,5 @@
-"""IMDS client (docs/semantics.md#imds): one keep-alive connection, no proxies, no redirects, ETag/304.
+"""IMDS client (docs/semantics.md#imds): one keep-alive connection, no proxies, no redirects,
+ETag/304.
 
 Each call returns a :class:`PollResult` whatever happens; nothing here raises on network or
 protocol trouble, so the poll loop only decides *when* to ask again (:func:`retry_delay`).

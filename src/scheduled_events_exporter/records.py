@@ -1,9 +1,11 @@
 """Transition → record: the one place that names the fields every sink ships.
 
 A :class:`TransitionRecord` carries a transition together with the VM it was seen on and a stable
-id. Two renderings come out of it: :func:`to_columns` (the flat docs/semantics.md#sinks object used by the console
+id. Two renderings come out of it: :func:`to_columns` (the flat docs/semantics.md#sinks object
+used by the console
 and Event Hubs sinks, one key per ``AzureScheduledEvents_CL`` column) and :func:`to_attributes`
-(the docs/semantics.md#records OpenTelemetry log attributes). :data:`COLUMNS` declares the table schema; tests derive
+(the docs/semantics.md#records OpenTelemetry log attributes). :data:`COLUMNS` declares the table
+schema; tests derive
 the Log Analytics table and the KQL checks from it, so a renamed field breaks them.
 """
 
@@ -167,7 +169,8 @@ def body(record: TransitionRecord) -> str:
 
 
 def to_columns(record: TransitionRecord) -> dict[str, ColumnValue]:
-    """The flat docs/semantics.md#sinks object: exactly the :data:`COLUMNS` keys, typed values, nulls kept."""
+    """The flat docs/semantics.md#sinks object: exactly the :data:`COLUMNS` keys, typed values,
+    nulls kept."""
     t = record.transition
     e = t.event
     inst = record.instance
@@ -213,7 +216,8 @@ AttributeValue = str | bool | int | float | Sequence[str]
 
 
 def to_attributes(record: TransitionRecord) -> Mapping[str, AttributeValue]:
-    """The docs/semantics.md#records log attributes (absent rather than null when a value does not apply)."""
+    """The docs/semantics.md#records log attributes (absent rather than null when a value does not
+    apply)."""
     t = record.transition
     e = t.event
     p = "azure.scheduled_event."

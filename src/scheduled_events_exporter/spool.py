@@ -1,4 +1,5 @@
-"""Per-sink on-disk spool: records wait here until their sink acknowledges them (docs/semantics.md#reliability).
+"""Per-sink on-disk spool: records wait here until their sink acknowledges them
+(docs/semantics.md#reliability).
 
 An append-only log of JSON lines (``<sink>.log``, each ``{"seq": n, "record": {...}}``) plus an
 acknowledgement cursor (``<sink>.ack``, the highest delivered sequence number). Appends are

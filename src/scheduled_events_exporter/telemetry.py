@@ -1,4 +1,5 @@
-"""Telemetry mapping (docs/semantics.md#records, docs/semantics.md#metrics): records → OTel log records, tracker state → metrics.
+"""Telemetry mapping (docs/semantics.md#records, docs/semantics.md#metrics): records → OTel log
+records, tracker state → metrics.
 
 Gauges are observable and read a :class:`GaugeSnapshot` that the poll loop publishes by
 swapping one reference, so collection (on the SDK's reader thread) never takes a lock shared
@@ -137,7 +138,8 @@ def add_metrics(data: MetricsData, extra: Sequence[Metric]) -> MetricsData:
 
 
 def severity(record: TransitionRecord) -> tuple[SeverityNumber, str]:
-    """docs/lifecycle.md severities: WARN for what is coming, ERROR when unannounced, INFO for endings."""
+    """docs/lifecycle.md severities: WARN for what is coming, ERROR when unannounced, INFO for
+    endings."""
     kind = record.transition.kind
     if kind is TransitionKind.STARTED and record.transition.unannounced:
         return SeverityNumber.ERROR, "ERROR"

@@ -148,7 +148,8 @@ def track(
 ) -> tuple[TrackerState, tuple[Transition, ...]]:
     """Compare ``document`` with ``state`` and return the new state and the transitions.
 
-    Order inside one document (docs/lifecycle.md): ``document_reset`` first (it explains what follows),
+    Order inside one document (docs/lifecycle.md): ``document_reset`` first (it explains what
+    follows),
     then removals, status changes, updates and appearances, each in document (or first-seen)
     order. An event changes at most once per document: a status change carries the new values
     of the other fields rather than adding an ``updated`` beside it.

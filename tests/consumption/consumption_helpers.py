@@ -2,7 +2,8 @@
 manifests).
 
 Everything that names a table column, an OTel attribute or a Prometheus metric is derived here
-from the product's own definitions (``scheduled_events_exporter.records.COLUMNS``, the docs/semantics.md#metrics
+from the product's own definitions (``scheduled_events_exporter.records.COLUMNS``, the
+docs/semantics.md#metrics
 instrument table in :data:`INSTRUMENTS`), so renaming a field breaks these tests instead of
 silently breaking the queries users run.
 
@@ -341,7 +342,7 @@ class Instrument:
     unit: str
 
 
-#: The instruments the code declares (``telemetry.METRICS``): docs/semantics.md#metrics plus the approvals counter.
+#: The instruments the code declares (``telemetry.METRICS``, documented in the README).
 INSTRUMENTS: tuple[Instrument, ...] = tuple(Instrument(n, k, u) for n, k, u in METRICS)
 
 _KINDS = {"Gauge": "gauge", "Sum": "counter", "Histogram": "histogram"}

@@ -1,6 +1,7 @@
 """Grafana dashboard checks: each dashboard (and each panel's options, field config and queries)
 type-checks against @grafana/schema under `tsc --strict`; Prometheus panels only query metric names
-the exporter really exports (docs/semantics.md#metrics rendered by the OTel Prometheus translation) and parse with
+the exporter really exports (docs/semantics.md#metrics rendered by the OTel Prometheus
+translation) and parse with
 promtool; Azure Monitor panels query Log Analytics through the workspace variable (their KQL is
 analysed in test_kql.py)."""
 

@@ -1,4 +1,5 @@
-"""A faithful Azure IMDS (Scheduled Events + instance metadata) on loopback: docs/semantics.md#simulator.
+"""A faithful Azure IMDS (Scheduled Events + instance metadata) on loopback:
+docs/semantics.md#simulator.
 
 A second product beside the exporter, like amazon-ec2-metadata-mock beside the AWS node
 termination handler: the exporter's tests, benchmarks and ``demo`` use it, and the exporter core

@@ -1,4 +1,5 @@
-"""Faults the simulated IMDS injects (docs/semantics.md#simulator): 410 windows, 429, 5xx, slow answers, bad bodies.
+"""Faults the simulated IMDS injects (docs/semantics.md#simulator): 410 windows, 429, 5xx, slow
+answers, bad bodies.
 
 Used directly by tests (``sim.push_fault(Fault.throttled())``) and by scenario files; the
 HTTP face (:mod:`.server`) applies them.

@@ -1,4 +1,5 @@
-"""Scenario files for the IMDS simulator (docs/semantics.md#simulator): faults, loading, validation, rendering.
+"""Scenario files for the IMDS simulator (docs/semantics.md#simulator): faults, loading,
+validation, rendering.
 
 A scenario is a JSON file in ``config/scenarios/`` (shipped inside the package as
 ``scheduled_events_exporter/simulator/scenario_files/*.json``): a list of steps, each replacing

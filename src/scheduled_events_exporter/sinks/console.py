@@ -1,4 +1,5 @@
-"""Console sink: the docs/semantics.md#sinks flat JSON object per transition, one per line on stdout."""
+"""Console sink: the docs/semantics.md#sinks flat JSON object per transition, one per line on
+stdout."""
 
 from __future__ import annotations
 

@@ -423,7 +423,8 @@ class WorkerSink:
         raise NotImplementedError
 
     def _payload(self, record: TransitionRecord) -> object:
-        """The record as this sink sends it (for the dead-letter file): the docs/semantics.md#sinks object."""
+        """The record as this sink sends it (for the dead-letter file): the
+        docs/semantics.md#sinks object."""
         return to_columns(record)
 
     def _close(self) -> None:

@@ -1,4 +1,5 @@
-"""Event Hubs sink (docs/semantics.md#sinks): one flat JSON message per transition, metrics as snapshots.
+"""Event Hubs sink (docs/semantics.md#sinks): one flat JSON message per transition, metrics as
+snapshots.
 
 Transitions go to the hub of ``SEE_EVENTHUB_NAME`` (or the connection string's EntityPath).
 Metric snapshots go to the hub of ``SEE_EVENTHUB_METRICS_NAME`` when it is set (same namespace
@@ -57,7 +58,8 @@ _KEPT = frozenset({"TimeGenerated", "Transition", "RecordId", "ExporterVersion"}
 
 
 def transition_message(record: TransitionRecord) -> Message:
-    """The docs/semantics.md#sinks object as a message, shrunk (never dropped) to fit :data:`MAX_MESSAGE_BYTES`."""
+    """The docs/semantics.md#sinks object as a message, shrunk (never dropped) to fit
+    :data:`MAX_MESSAGE_BYTES`."""
     columns: dict[str, object] = dict(to_columns(record))
     body = _dump(columns)
     if len(body) > MAX_MESSAGE_BYTES:
