@@ -28,7 +28,7 @@ from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
 from scheduled_events_exporter.model import InstanceInfo
 from scheduled_events_exporter.poller import Clock, Poller, Submitter, with_vm_name
-from scheduled_events_exporter.records import TransitionRecord, body
+from scheduled_events_exporter.records import TransitionRecord, body, for_log
 from scheduled_events_exporter.sinks import Sink, create_sinks
 from scheduled_events_exporter.state import PersistedState, StateStore
 from scheduled_events_exporter.telemetry import Telemetry, build_resource
@@ -75,7 +75,7 @@ class LoggingSink:
     def submit(self, records: Sequence[TransitionRecord]) -> None:
         """Log one line per record (logging is buffered by the stream, never network I/O)."""
         for record in records:
-            log.info("%s: %s", record.event_name, body(record))
+            log.info("%s: %s", record.event_name, for_log(body(record)))
 
 
 class StateCommitter:

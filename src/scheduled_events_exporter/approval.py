@@ -25,6 +25,7 @@ APPROVE_VARIABLES: Final = (
     "SEE_APPROVE_DRY_RUN",
     "SEE_APPROVE_HOOK",
     "SEE_APPROVE_HOOK_TIMEOUT",
+    "SEE_APPROVE_HOOK_ENV",
 )
 #: Outcome labels, in the order the metric documentation lists them: ``approved`` and the
 #: ``approval_skipped`` reasons of docs/semantics.md#approval-opt-in.
@@ -243,6 +244,11 @@ def parse_approval_config(env: Mapping[str, str]) -> tuple[ApprovalConfig | None
                 f"SEE_APPROVE_HOOK_TIMEOUT={_show(raw)}: expected only together with "
                 "SEE_APPROVE_HOOK (there is no hook to time out)"
             )
+    hook_env = given.get("SEE_APPROVE_HOOK_ENV", "")
+    names = [n.strip() for n in hook_env.split(",") if n.strip()]
+    if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in names):
+        problems.append(f"SEE_APPROVE_HOOK_ENV={_show(hook_env)}: expected a comma list of "
+                        "environment variable names the hook may inherit")
     if problems:
         return None, problems
     return ApprovalConfig(rules, multi, dry_run, hook, hook_timeout), []

@@ -33,6 +33,7 @@ from scheduled_events_exporter.hook import run_hook
 from scheduled_events_exporter.imds import EVENTS_PATH
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent, Transition
 from scheduled_events_exporter.model import TransitionKind as Kind
+from scheduled_events_exporter.records import for_log
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,8 @@ class Approver:
             if self._stopping.is_set():
                 return  # shutting down: not the hook's fault, and nobody drains any more
             if not hook.ok:
-                log.warning("approval hook for %s failed: %s%s", event_id, hook.describe(),
+                log.warning("approval hook for %s failed: %s%s", for_log(event_id),
+                            hook.describe(),
                             f"; output: {hook.output[-500:]}" if hook.output else "")
                 self._finished.add(event_id)
                 self._report(Kind.APPROVAL_SKIPPED, event, offer, None,
@@ -222,7 +224,8 @@ class Approver:
             if not self._still_scheduled(event_id):
                 # Approved elsewhere, started at NotBefore, or cancelled while we prepared:
                 # there is nothing left to approve and the tracker reports what happened.
-                log.info("event %s is no longer Scheduled after the hook; not approving", event_id)
+                log.info("event %s is no longer Scheduled after the hook; not approving",
+                         for_log(event_id))
                 return
         last = PostResult(None)
         attempts = 1 + len(self._retry_delays)
@@ -236,7 +239,7 @@ class Approver:
                 detail += f"; attempt {attempt}" if attempt > 1 else ""
                 self._report(Kind.APPROVED, event, offer, last.status, detail, "approved")
                 return
-            log.warning("approval POST for %s failed (%s), attempt %d of %d", event_id,
+            log.warning("approval POST for %s failed (%s), attempt %d of %d", for_log(event_id),
                         last.describe(), attempt, attempts)
             if attempt == attempts:
                 break

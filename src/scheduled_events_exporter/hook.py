@@ -76,12 +76,23 @@ def event_json(event: ScheduledEvent) -> dict[str, object]:
     }
 
 
+#: What a hook inherits from the exporter's environment: enough to run programs and read the
+#: locale, nothing else (the exporter's credentials never reach it).
+HOOK_BASE_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE",
+                                 "TZ", "TMPDIR", "KUBERNETES_SERVICE_HOST",
+                                 "KUBERNETES_SERVICE_PORT"})
+
+
 def hook_environment(
     event: ScheduledEvent, base: Mapping[str, str], *, drop: Collection[str] = ()
 ) -> dict[str, str]:
-    """``base`` without the names in ``drop`` (the exporter's secrets: a hook never needs the
-    Event Hubs key or OTLP headers, and may well log its environment) plus ``SEE_EVENT_*``."""
-    env = {k: v for k, v in base.items() if k not in drop}
+    """The hook's environment: from ``base`` only :data:`HOOK_BASE_VARIABLES`, ``LC_*`` and the
+    names the user lists in ``SEE_APPROVE_HOOK_ENV`` (never those in ``drop``, the exporter's own
+    secrets), plus ``SEE_EVENT_*``. A hook may well log its environment: an allow-list keeps
+    ``AZURE_CLIENT_SECRET``, OTLP headers and the like out of it."""
+    wanted = {n.strip() for n in base.get("SEE_APPROVE_HOOK_ENV", "").split(",") if n.strip()}
+    env = {k: v for k, v in base.items()
+           if (k in HOOK_BASE_VARIABLES or k.startswith("LC_") or k in wanted) and k not in drop}
     env.update(
         SEE_EVENT_ID=event.event_id,
         SEE_EVENT_TYPE=event.event_type,
@@ -107,8 +118,10 @@ def run_hook(
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=hook_environment(event, os.environ, drop=SECRET_VARIABLES),
                                 start_new_session=True)
-    except OSError as exc:
-        return HookResult(None, time.monotonic() - started, error=str(exc))
+    except (OSError, ValueError) as exc:
+        # ValueError: a NUL byte in an event field cannot be passed in an environment; that
+        # event's hook fails, the other events of the document are decided as usual.
+        return HookResult(None, time.monotonic() - started, error=f"cannot start the hook: {exc}")
     assert proc.stdin is not None and proc.stdout is not None
     pending = json.dumps(event_json(event)).encode() + b"\n"
     output = bytearray()

@@ -12,6 +12,7 @@ the Log Analytics table and the KQL checks from it, so a renamed field breaks th
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,20 @@ def make_record(transition: Transition, instance: InstanceInfo, seq: int = 0) ->
         affects_self=bool(event and event.affects(instance.vm_name)),
         seq=seq,
     )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: Longest IMDS-derived text in one diagnostic log line (the record itself keeps everything).
+LOG_TEXT_LIMIT = 300
+
+
+def for_log(text: str, limit: int = LOG_TEXT_LIMIT) -> str:
+    """IMDS-controlled text made safe for a one-line text log: control characters (a forged
+    newline, terminal escapes) become ``?`` and the length is capped, saying how much was cut."""
+    clean = _CONTROL.sub("?", text)
+    if len(clean) <= limit:
+        return clean
+    return f"{clean[:limit]}...[{len(clean) - limit} more characters]"
 
 
 def changes_object(transition: Transition) -> dict[str, object]:
