@@ -56,6 +56,9 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("azure.scheduled_events.document.anomalies", "counter", "{anomaly}"),
 )
 
+#: What the parser repairs instead of refusing a document (``document.anomalies`` kinds).
+ANOMALY_KINDS = ("duplicate_event_id", "invalid_unicode")
+
 #: Label values IMDS controls that pass unchanged (the documented ones, and ours for ends).
 KNOWN_LABELS: dict[str, frozenset[str]] = {
     "type": frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Terminate", ""}),
@@ -276,6 +279,8 @@ class Telemetry:
             m + "document.anomalies", unit="{anomaly}",
             description="Documents the parser repaired (repeated EventId, invalid Unicode)",
         )
+        for kind in ANOMALY_KINDS:  # exported at 0 from the start, so the first one shows
+            self._anomalies.add(0, {"kind": kind})
 
     # --- recording, called by the poll loop and the sinks (cheap, non-blocking) ---
 

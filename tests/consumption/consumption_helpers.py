@@ -365,7 +365,8 @@ def observed_metrics() -> tuple[ObservedMetric, ...]:
     """The metrics a real exporter run delivers to a real OTLP collector (rotel), by name.
 
     The run is arranged so every instrument has a point: a pending user Reboot (per-event
-    gauges, notice), dry-run approval (approvals), and a logs endpoint nobody listens on while
+    gauges, notice), an unannounced host failure, dry-run approval (approvals), and a logs
+    endpoint nobody listens on while
     metrics reach the collector (export.failures). Attribute keys are the union over every
     export of the run.
     """
@@ -387,8 +388,19 @@ def observed_metrics() -> tuple[ObservedMetric, ...]:
             OTEL_EXPORTER_OTLP_TIMEOUT="1", OTEL_METRIC_EXPORT_INTERVAL="1000",
         )
         with ExporterProcess(env) as proc:
+            # Then a host failure while watched: an unannounced start (its per-event gauges
+            # carry the unannounced label).
+            assert sim.wait_for_requests(3, 30, method="GET")
+            sim.set_events([*sim.events, {
+                "EventId": "OBS-2", "EventStatus": "Started", "EventType": "Reboot",
+                "ResourceType": "VirtualMachine", "Resources": ["vm-obs"], "NotBefore": "",
+                "Description": "", "EventSource": "Platform", "DurationInSeconds": 10}])
             rotel.wait_for_metric(
                 "azure.scheduled_events.export.failures", timeout=60)
+            proc.wait_until(lambda: any(
+                "unannounced" in p.attributes for m in rotel.metrics
+                if m.name == "azure.scheduled_events.impact_duration" for p in m.points),
+                timeout=30)
             proc.wait_until(lambda: wanted <= {m.name for m in rotel.metrics}, timeout=30)
             proc.terminate()
         seen: dict[str, ObservedMetric] = {}

@@ -118,7 +118,7 @@ def test_exported_names_are_the_spec_instruments() -> None:
     assert "azure_scheduled_events_export_failures_total" in names
     assert "azure_scheduled_events_approvals_total" in names
     assert not any("document_incarnation" in n for n in names)
-    assert len(ch.INSTRUMENTS) == 11
+    assert len(ch.INSTRUMENTS) == 12
 
 
 def test_rule_file_header(tmp_path: Path) -> None:
