@@ -1,0 +1,134 @@
+"""The installed console script as a new user meets it: help, version, configuration errors,
+check-config, an IMDS that refuses connections, and the demo."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scheduled_events_exporter import __version__
+from tests.exporter_process import ExporterProcess, clean_env, free_port, wait_until
+
+SCRIPT = str(Path(sys.executable).with_name("scheduled-events-exporter"))
+
+
+def run(*args: str, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCRIPT, *args], env=env or clean_env(SEE_STATE_DIR=""),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("args", [("--help",), ("-h",), ("run", "--help"),
+                                  ("check-config", "--help"), ("version", "--help"),
+                                  ("demo", "--help"), ("simulate", "--help")])
+def test_every_command_answers_help(args: tuple[str, ...]) -> None:
+    done = run(*args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: scheduled-events-exporter"), done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_top_level_help_lists_the_commands_and_the_default() -> None:
+    text = run("--help").stdout
+    for command in ("run", "check-config", "demo", "simulate", "version"):
+        assert f"\n  {command} " in text
+    assert "default" in text and "SEE_" in text
+
+
+def test_run_help_names_the_variables_it_reads() -> None:
+    text = run("run", "--help").stdout
+    for name in ("SEE_IMDS_ENDPOINT", "SEE_SINKS", "SEE_STATE_DIR", "OTEL_EXPORTER_OTLP_"):
+        assert name in text
+
+
+@pytest.mark.parametrize("args", [("--version",), ("version",)])
+def test_version(args: tuple[str, ...]) -> None:
+    done = run(*args)
+    assert (done.returncode, done.stdout.strip()) == (0, __version__)
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("SEE_POLL_INTERVAL", "fast"),
+    ("SEE_IMDS_ENDPOINT", "http://:99999"),
+    ("SEE_SINKS", "kafka"),
+    ("SEE_CLOCK_START", "yesterday"),
+    ("SEE_APPROVE_HOOK_ENV", "A B"),
+])
+def test_a_bad_value_is_one_line_and_exit_2(variable: str, value: str) -> None:
+    for command in ("run", "check-config"):
+        done = run(command, env=clean_env(SEE_STATE_DIR="", SEE_HEALTH_ADDR="",
+                                          **{variable: value}))
+        assert done.returncode == 2, (command, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"configuration error: {variable}="), lines
+        assert "Traceback" not in done.stderr
+
+
+def test_unknown_command_and_arguments_are_one_line_and_exit_2() -> None:
+    for args in (("bogus",), ("run", "--verbose"), ("check-config", "extra")):
+        done = run(*args)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_check_config_changes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "not" / "yet" / "state"
+    done = run("check-config", env=clean_env(SEE_STATE_DIR=str(target)))
+    assert done.returncode == 0, done.stderr
+    assert f"SEE_STATE_DIR={target}" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_imds_connection_is_a_connection_error_within_seconds(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    env = clean_env(SEE_IMDS_ENDPOINT=f"http://127.0.0.1:{port}", SEE_SINKS="console",
+                    SEE_STATE_DIR="", SEE_HEALTH_ADDR="", SEE_POLL_INTERVAL="1",
+                    OTEL_METRICS_EXPORTER="prometheus",
+                    OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+                    OTEL_EXPORTER_PROMETHEUS_PORT=str(free_port()))
+    with ExporterProcess(env) as proc:
+        proc.wait_for(lambda: "IMDS request failed" in proc.stderr(), 10, "the failure line")
+        line = next(x for x in proc.stderr_lines if "IMDS request failed" in x)
+        assert "(connection_error)" in line and f"127.0.0.1:{port}" in line, line
+        assert "Connection refused" in line and "timeout" not in line, line
+        scrape_port = env["OTEL_EXPORTER_PROMETHEUS_PORT"]
+        import urllib.request
+
+        def counted() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{scrape_port}/metrics",
+                                        timeout=2) as answer:
+                text = answer.read().decode()
+            return 'outcome="connection_error"' in text and 'outcome="timeout"' not in text
+
+        wait_until(counted, 10, "the connection_error outcome in /metrics")
+        startup = next(x for x in proc.stderr_lines if "polling http" in x)
+        assert "records to: console" in startup and "metrics to: Prometheus" in startup
+
+
+@pytest.mark.parametrize("args", [("--speed", "-5"), ("--speed", "0"), ("--speed", "nan"),
+                                  ("--interval", "0"), ("--scenario", "no-such-scenario")])
+def test_demo_bad_arguments_are_one_line_and_exit_2(args: tuple[str, ...]) -> None:
+    done = run("demo", *args, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "SEE_" not in done.stderr  # it names the option the user gave, not a variable
+
+
+@pytest.mark.timeout(120)
+def test_demo_ends_with_a_summary_in_real_and_scenario_time() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SEE_", "OTEL_"))}
+    done = run("demo", "--speed", "150", "--interval", "0.2", env=env, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = done.stderr[done.stderr.index("demo summary"):]
+    assert "x150" in summary
+    assert "Freeze" in summary and "scheduled -> started -> completed (observed_start)" in summary
+    assert "Redeploy" in summary and "cancelled (consecutive_absence)" in summary
+    # 15 min of scenario notice at x150 passes in 6 s of real time: both are printed (first
+    # sight is up to one poll late, 0.2 s here, i.e. 30 s of scenario time).
+    assert re.search(r"Freeze \w+ for vm-sim-0: .*notice [56]\.\d s \[1[45] min\]", summary), summary
+    assert "pending events now 0" in summary
