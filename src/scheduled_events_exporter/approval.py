@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent
+from scheduled_events_exporter.redact import scrub
 
 #: Every variable this module reads; any other ``SEE_APPROVE_*`` is a typo worth reporting.
 APPROVE_VARIABLES: Final = (
@@ -97,7 +98,7 @@ class ApprovalConfig:
             f"SEE_APPROVE_DRY_RUN={'true' if self.dry_run else 'false'}",
         ]
         if self.hook:
-            lines.append(f"SEE_APPROVE_HOOK={self.hook}")
+            lines.append(f"SEE_APPROVE_HOOK={scrub(self.hook)}")
             lines.append(f"SEE_APPROVE_HOOK_TIMEOUT={self.hook_timeout:g}")
         return lines
 
@@ -118,7 +119,8 @@ class Decision:
 
 
 def _show(raw: str) -> str:
-    return repr(raw if len(raw) <= 80 else raw[:77] + "...")
+    text = scrub(raw)
+    return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
 def _parse_rules(raw: str) -> tuple[tuple[Rule, ...], list[str]]:

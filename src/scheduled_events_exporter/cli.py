@@ -15,11 +15,14 @@ EXIT_CONFIG = 2
 
 def _load(*, create: bool = True) -> Config | None:
     try:
-        return load_config(create=create)
+        config = load_config(create=create)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"configuration error: {problem}", file=sys.stderr)
         return None
+    for warning in config.warnings:
+        print(f"configuration warning: {warning}", file=sys.stderr)
+    return config
 
 
 def _run() -> int:

@@ -7,6 +7,7 @@ module unredacted: :meth:`Config.describe` is what ``check-config`` prints.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -16,16 +17,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_config
 from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
+from scheduled_events_exporter.redact import REDACTED, is_secret_name, scrub, shown
 
 SINK_NAMES = ("otlp", "eventhubs", "console")
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 #: OTEL_METRICS_EXPORTER values we implement (OTel SDK environment variable specification).
 METRICS_EXPORTER_NAMES = ("otlp", "prometheus", "none")
-REDACTED = "<redacted>"
 #: Variables whose values are secrets (never printed, logged or put in health output).
 SECRET_VARIABLES = frozenset(
     {
@@ -97,6 +98,8 @@ class Config:
     #: Replay only (SEE_CLOCK_START): the wall clock starts here and runs at real speed, so a
     #: recorded document sequence meets the NotBefore times it was captured with.
     clock_start: datetime | None = None
+    #: Settings that are valid but probably wrong (printed by run and check-config).
+    warnings: tuple[str, ...] = ()
 
     @property
     def metrics_exporters(self) -> tuple[str, ...]:
@@ -147,7 +150,7 @@ class Config:
         lines.extend(f"{k}={v} (default)" for k, v in defaults.items() if k not in env)
         for key in sorted(env):
             if key.startswith(_OTEL_SHOWN_PREFIXES):
-                value = REDACTED if key in SECRET_VARIABLES else env[key]
+                value = REDACTED if key in SECRET_VARIABLES else shown(key, env[key])
                 lines.append(f"{key}={value}")
         return lines
 
@@ -171,14 +174,19 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         raw = env.get(name)
         if raw is None or raw.strip() == "":
             return default
-        shown = REDACTED if name in SECRET_VARIABLES else _show(raw)
+        printable = (REDACTED if name in SECRET_VARIABLES or is_secret_name(name)
+                     else _show(raw))
         if len(raw) > _MAX_VALUE:
-            problems.append(f"{name}={shown}: expected {expected}, got a {len(raw)}-byte value")
+            problems.append(f"{name}={printable}: expected {expected}, got a {len(raw)}-byte "
+                            "value")
             return default
         try:
             return parse(raw.strip())
+        except Detailed as exc:
+            problems.append(f"{name}={printable}: expected {expected} ({exc})")
+            return default
         except (ValueError, OverflowError):
-            problems.append(f"{name}={shown}: expected {expected}")
+            problems.append(f"{name}={printable}: expected {expected}")
             return default
 
     def seconds(low: float, high: float) -> Callable[[str], float]:
@@ -317,6 +325,20 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
     boot_id_file = DEFAULT_BOOT_ID_FILE if raw_boot is None else (
         Path(raw_boot.strip()) if raw_boot.strip() else None)
 
+    if env.get("OTEL_EXPORTER_PROMETHEUS_PORT") is not None and \
+            not env["OTEL_EXPORTER_PROMETHEUS_PORT"].strip():
+        problems.append("OTEL_EXPORTER_PROMETHEUS_PORT='': expected a TCP port, an integer from "
+                        "0 to 65535 (unset it for the default 9464)")
+    if (metrics_exporters is not None and "prometheus" in metrics_exporters and health
+            and health[1] != 0 and health[1] == prometheus_port):
+        problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT={prometheus_port}: expected a port other "
+                        f"than SEE_HEALTH_ADDR's ({health[0]}:{health[1]}); both servers cannot "
+                        "listen on one port")
+    problems.extend(_check_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")))
+    if "otlp" in sinks:
+        problems.extend(_check_tls_files(env))
+    warnings = _otlp_port_warnings(env, protocol) if "otlp" in sinks else []
+
     approval, approval_problems = parse_approval_config(env)
     problems.extend(approval_problems)
     if problems:
@@ -346,11 +368,25 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         prometheus_addr=(prometheus_host, prometheus_port),
         boot_id_file=boot_id_file,
         clock_start=clock_start,
+        warnings=tuple(warnings),
     )
 
 
+class Detailed(ValueError):
+    """A parse error whose message says what exactly is wrong (shown after the expectation)."""
+
+
+def _port_of(parts: SplitResult) -> int | None:
+    try:
+        return parts.port
+    except ValueError:
+        raise Detailed(f"the port must be a number from 1 to 65535, got "
+                       f"{parts.netloc.rpartition(':')[2]!r}") from None
+
+
 def _show(raw: str) -> str:
-    text = raw if len(raw) <= 80 else raw[:77] + "..."
+    text = scrub(raw)
+    text = text if len(text) <= 80 else text[:77] + "..."
     return repr(text)
 
 
@@ -380,7 +416,7 @@ def _parse_endpoint(text: str) -> str:
         raise ValueError(text)
     if parts.query or parts.fragment or parts.username or parts.password:
         raise ValueError(text)
-    _ = parts.port  # raises ValueError for a bad port
+    _port_of(parts)
     return f"http://{parts.netloc}"
 
 
@@ -388,7 +424,7 @@ def _parse_url(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(text)
-    _ = parts.port
+    _port_of(parts)
     return text
 
 
@@ -404,6 +440,53 @@ def _parse_instant(text: str) -> datetime:
     if moment.tzinfo is None:
         raise ValueError("no time zone")
     return moment.astimezone(timezone.utc)
+
+
+def _check_resource_attributes(raw: str) -> list[str]:
+    """``key=value,key=value`` (values percent-encoded), as the OTel SDK parses it."""
+    if not raw.strip():
+        return []
+    for item in raw.split(","):
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            return [f"OTEL_RESOURCE_ATTRIBUTES={_show(raw)}: expected key=value pairs separated "
+                    f"by commas, got {_show(item)}"]
+    return []
+
+
+_TLS_FILES = ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")
+
+
+def _check_tls_files(env: Mapping[str, str]) -> list[str]:
+    problems = []
+    for signal in ("", "LOGS_", "METRICS_"):
+        for kind in _TLS_FILES:
+            name = f"OTEL_EXPORTER_OTLP_{signal}{kind}"
+            path = env.get(name, "").strip()
+            if path and not os.access(path, os.R_OK):
+                problems.append(f"{name}={_show(path)}: expected a readable PEM file "
+                                f"({'no such file' if not os.path.exists(path) else 'unreadable'})")
+    return problems
+
+
+def _otlp_port_warnings(env: Mapping[str, str], protocol: str) -> list[str]:
+    """The conventional OTLP ports are 4317 (gRPC) and 4318 (http): the other one is a likely
+    mix-up that fails only at the first export."""
+    warnings = []
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        try:
+            port = urlsplit(env.get(name, "").strip()).port
+        except ValueError:
+            continue
+        if protocol == "grpc" and port == 4318:
+            warnings.append(f"{name} uses port 4318, the OTLP/http port, with "
+                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc (gRPC listens on 4317)")
+        elif protocol != "grpc" and port == 4317:
+            warnings.append(f"{name} uses port 4317, the OTLP/gRPC port, with the "
+                            "http/protobuf protocol (http listens on 4318; or set "
+                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
+    return warnings
 
 
 def _parse_level(text: str) -> str:
@@ -435,9 +518,18 @@ def _parse_metrics_exporters(text: str) -> tuple[str, ...]:
 
 def _parse_host(text: str) -> str:
     host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    if not host or len(host) > 253 or any(c.isspace() or c in "/@?#[]" for c in host):
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(host) or len(host) > 253:
         raise ValueError(text)
     return host
+
+
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
 
 
 def _implicit_sinks(
