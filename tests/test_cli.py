@@ -133,3 +133,50 @@ def test_demo_ends_with_a_summary_in_real_and_scenario_time() -> None:
     pattern = r"Freeze \w+ for vm-sim-0: .*notice [4-7]\.\d s \[1[2-8] min\]"
     assert re.search(pattern, summary), summary
     assert "pending events now 0" in summary
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ({"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "8080",
+      "SEE_HEALTH_ADDR": "0.0.0.0:8080"}, "OTEL_EXPORTER_PROMETHEUS_PORT=8080"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "team=sre,oops"}, "OTEL_RESOURCE_ATTRIBUTES="),
+    ({"SEE_SINKS": "otlp", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/no/such/ca.pem"},
+     "OTEL_EXPORTER_OTLP_CERTIFICATE="),
+    ({"OTEL_EXPORTER_PROMETHEUS_PORT": ""}, "OTEL_EXPORTER_PROMETHEUS_PORT=''"),
+    ({"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "not a host!"},
+     "OTEL_EXPORTER_PROMETHEUS_HOST="),
+    ({"SEE_IMDS_ENDPOINT": "http://169.254.169.254:99999"}, "port must be a number"),
+])
+def test_check_config_catches_what_run_would_fail_on(values: dict[str, str], named: str) -> None:
+    env = clean_env(SEE_STATE_DIR="", **values)
+    for command in ("check-config", "run"):
+        done = run(command, env=env, timeout=30)
+        assert done.returncode == 2, (command, done.stderr)
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith("configuration error:") and named in line, line
+
+
+def test_grpc_on_the_http_port_is_a_warning() -> None:
+    done = run("check-config", env=clean_env(
+        SEE_STATE_DIR="", SEE_SINKS="otlp", OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318"))
+    assert done.returncode == 0
+    assert done.stderr.startswith("configuration warning: OTEL_EXPORTER_OTLP_ENDPOINT uses port "
+                                  "4318")
+
+
+def test_check_config_and_errors_never_print_a_secret() -> None:
+    planted = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://alice:planted-1@collector:4318",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=planted-2",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer planted-3",
+        "SEE_APPROVE": "all",
+        "SEE_APPROVE_HOOK": "curl -H 'Authorization: Bearer planted-4' https://drain/",
+        "SEE_SINKS": "otlp",
+    }
+    done = run("check-config", env=clean_env(SEE_STATE_DIR="", **planted))
+    assert done.returncode == 0, done.stderr
+    assert "planted" not in done.stdout + done.stderr, done.stdout
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=https://<redacted>@collector:4318" in done.stdout
+    bad = run("check-config", env=clean_env(
+        SEE_STATE_DIR="", SEE_IMDS_ENDPOINT="http://bob:planted-5@host:99999"))
+    assert bad.returncode == 2 and "planted" not in bad.stderr, bad.stderr

@@ -119,7 +119,7 @@ class Decision:
 
 
 def _show(raw: str) -> str:
-    text = scrub(raw)
+    text = scrub(raw[:200])
     return repr(text if len(text) <= 80 else text[:77] + "...")
 
 

@@ -385,7 +385,7 @@ def _port_of(parts: SplitResult) -> int | None:
 
 
 def _show(raw: str) -> str:
-    text = scrub(raw)
+    text = scrub(raw[:200])
     text = text if len(text) <= 80 else text[:77] + "..."
     return repr(text)
 

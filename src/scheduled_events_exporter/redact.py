@@ -20,8 +20,8 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 _SCHEME_TOKEN = re.compile(r"\b(?P<kind>Bearer|Basic|Token|SharedAccessSignature)\s+[^\s'\";,]+",
                            re.IGNORECASE)
 _SECRET_PAIR = re.compile(
-    r"(?P<key>[\w.-]*(?:password|passwd|pwd|secret|token|apikey|api[_-]key|access[_-]?key|"
-    r"sharedaccesskey|signature|sig|authorization|auth|credential)[\w.-]*)"
+    r"(?P<key>[\w.-]{0,64}?(?:password|passwd|pwd|secret|token|apikey|api[_-]key|access[_-]?key|"
+    r"sharedaccesskey|signature|sig|authorization|auth|credential)[\w.-]{0,64})"
     r"(?P<sep>\s*[=:]\s*)(?P<value>[^\s&;,'\"]+)", re.IGNORECASE)
 
 
@@ -30,8 +30,14 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+#: Longer values are cut before scrubbing (nothing prints more; the patterns stay linear).
+MAX_SCRUBBED = 4096
+
+
 def scrub(text: str) -> str:
-    """``text`` with every credential-shaped part replaced by :data:`REDACTED`."""
+    """``text`` with every credential-shaped part replaced by :data:`REDACTED` (cut to
+    :data:`MAX_SCRUBBED` characters first)."""
+    text = text[:MAX_SCRUBBED]
     text = _USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     text = _SCHEME_TOKEN.sub(lambda m: f"{m.group('kind')} {REDACTED}", text)
     return _SECRET_PAIR.sub(lambda m: f"{m.group('key')}{m.group('sep')}{REDACTED}", text)
