@@ -75,6 +75,8 @@ class Config:
     health_addr: tuple[str, int] | None = ("0.0.0.0", 8080)
     shutdown_timeout: float = 10.0
     spool_max_records: int = 10_000
+    #: Per-sink bound of undelivered records in bytes (SEE_SPOOL_MAX_BYTES).
+    spool_max_bytes: int = 16 * 1024 * 1024
     eventhub_connection_string: str = ""
     eventhub_namespace: str = ""
     eventhub_name: str = ""
@@ -128,6 +130,7 @@ class Config:
             f"SEE_HEALTH_ADDR={health}",
             f"SEE_SHUTDOWN_TIMEOUT={self.shutdown_timeout:g}",
             f"SEE_SPOOL_MAX_RECORDS={self.spool_max_records}",
+            f"SEE_SPOOL_MAX_BYTES={self.spool_max_bytes}",
             f"SEE_LOG_LEVEL={self.log_level}",
             f"SEE_BOOT_ID_FILE={self.boot_id_file or 'disabled'}",
         ]
@@ -225,6 +228,12 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         _bounded_int(1, 10_000_000),
         10_000,
         "an integer from 1 to 10000000",
+    )
+    spool_max_bytes = get(
+        "SEE_SPOOL_MAX_BYTES",
+        _bounded_int(65_536, 1 << 30),
+        16 * 1024 * 1024,
+        "bytes, an integer from 65536 to 1073741824",
     )
     health: tuple[str, int] | None = get(
         "SEE_HEALTH_ADDR",
@@ -354,6 +363,7 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         health_addr=health,
         shutdown_timeout=shutdown,
         spool_max_records=spool_max,
+        spool_max_bytes=spool_max_bytes,
         eventhub_connection_string=connection_string,
         eventhub_namespace=namespace,
         eventhub_name=hub,

@@ -19,7 +19,7 @@ from scheduled_events_exporter.model import Anomaly, Document, ScheduledEvent
 
 #: A real document is a few KB; anything far larger is hostile or broken.
 MAX_DOCUMENT_BYTES: Final = 4 * 1024 * 1024
-MAX_EVENTS: Final = 10_000
+MAX_EVENTS: Final = 2_000
 #: Bounds for strings we keep in state and ship (Description can be long but not megabytes).
 MAX_STRING: Final = 8 * 1024
 MAX_RESOURCES: Final = 1_000

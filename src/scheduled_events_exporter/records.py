@@ -126,6 +126,8 @@ def make_record(transition: Transition, instance: InstanceInfo, seq: int = 0) ->
     )
 
 
+#: Resources named in a record's one-line body; the attributes and columns carry all of them.
+BODY_RESOURCES = 10
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: Longest IMDS-derived text in one diagnostic log line (the record itself keeps everything).
 LOG_TEXT_LIMIT = 300
@@ -138,6 +140,20 @@ def for_log(text: str, limit: int = LOG_TEXT_LIMIT) -> str:
     if len(clean) <= limit:
         return clean
     return f"{clean[:limit]}...[{len(clean) - limit} more characters]"
+
+
+def approximate_size(record: TransitionRecord) -> int:
+    """Roughly the bytes a record takes on the wire and in the spool: its IMDS text (the part
+    IMDS controls, up to megabytes) plus a fixed allowance for the rest."""
+    t = record.transition
+    e = t.event
+    text = 0
+    if e is not None:
+        text = (len(e.event_id) + len(e.status) + len(e.event_type) + len(e.resource_type)
+                + len(e.description) + len(e.source) + len(e.not_before_raw)
+                + sum(len(r) + 3 for r in e.resources))
+    text += sum(len(str(c.old)) + len(str(c.new)) for c in t.changes)
+    return 1024 + text
 
 
 def changes_object(transition: Transition) -> dict[str, object]:
@@ -154,7 +170,9 @@ def body(record: TransitionRecord) -> str:
             f"Scheduled events document reset: incarnation {t.previous_incarnation} -> "
             f"{t.incarnation}"
         )
-    who = ", ".join(e.resources) or "no listed resources"
+    shown = [for_log(r, 64) for r in e.resources[:BODY_RESOURCES]]
+    more = len(e.resources) - len(shown)
+    who = (", ".join(shown) + (f" and {more} more" if more > 0 else "")) or "no listed resources"
     kind = e.event_type or "Event"
     impact = f"{e.duration} s impact" if e.duration >= 0 else "impact duration unknown"
     when = f"not before {rfc3339(e.not_before)[:19]}Z" if e.not_before else "no NotBefore"

@@ -20,6 +20,7 @@ and reports nothing, which would lose exactly the record an SRE needs after an o
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import random
 import threading
@@ -35,7 +36,12 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.dead_letter import DeadLetter, DeadLetterFile
-from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
+from scheduled_events_exporter.records import (
+    TransitionRecord,
+    approximate_size,
+    rfc3339,
+    to_columns,
+)
 from scheduled_events_exporter.sinks.base import (
     DeliveryError,
     FailureCounter,
@@ -50,6 +56,8 @@ from scheduled_events_exporter.telemetry import ExtraMetrics
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 256
+#: Bytes one export may carry (approximate_size): a few huge records go one at a time.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
 #: A configuration error (authentication, endpoint) is logged again this often while it lasts.
@@ -63,6 +71,8 @@ class _Queued:
     seq: int
     record: TransitionRecord
     enqueued: float
+    #: Approximate bytes it holds (memory and spool line), see ``records.approximate_size``.
+    size: int = 0
 
 
 class DeliveryWorker:
@@ -78,6 +88,7 @@ class DeliveryWorker:
         count_failure: FailureCounter,
         *,
         max_records: int,
+        max_bytes: int = 1 << 62,
         spool: Spool | None = None,
         dead_letter: DeadLetterFile | None = None,
         payload: Callable[[TransitionRecord], object] = to_columns,
@@ -87,6 +98,8 @@ class DeliveryWorker:
         self._deliver = deliver
         self._count_failure = count_failure
         self._max = max_records
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._clock = clock
         self._spool = spool
         self._dead_letter = dead_letter
@@ -142,17 +155,25 @@ class DeliveryWorker:
         with self._cond:
             for record in records:
                 self._seq = record.seq
-                self._queue.append(_Queued(record.seq, record, now))
-            while len(self._queue) > self._max:
-                dropped.append(self._queue.popleft())
+                size = approximate_size(record)
+                self._queue.append(_Queued(record.seq, record, now, size))
+                self._bytes += size
+            # Bounded by count and by bytes (one IMDS-controlled 4 MB event changing every poll
+            # must not grow memory and disk without end); the newest record always stays.
+            while len(self._queue) > 1 and (len(self._queue) > self._max
+                                            or self._bytes > self._max_bytes):
+                oldest = self._queue.popleft()
+                self._bytes -= oldest.size
+                dropped.append(oldest)
             self._dropped += len(dropped)
             self._cond.notify_all()
         if dropped:
             self._ack(dropped[-1].seq)
             log.error(
-                "sink %s: spool full (%d records), dropped the %d oldest",
+                "sink %s: spool full (%d records or %d bytes at most), dropped the %d oldest",
                 self.name,
                 self._max,
+                self._max_bytes,
                 len(dropped),
             )
             self._count_failure(self.name, "logs", len(dropped))
@@ -245,7 +266,13 @@ class DeliveryWorker:
                 if self._stopping:
                     return
                 size = 1 if self._queue and self._queue[0].seq <= isolate_until else MAX_BATCH
-                batch = [q for _, q in zip(range(size), self._queue, strict=False)]
+                batch: list[_Queued] = []
+                held = 0
+                for queued in self._queue:  # by count and by bytes: encoding copies a batch
+                    if batch and (len(batch) >= size or held + queued.size > MAX_BATCH_BYTES):
+                        break
+                    batch.append(queued)
+                    held += queued.size
             if self._storage_faulty():
                 self._repair_storage()  # the disk may be writable again
             if not batch:
@@ -265,6 +292,11 @@ class DeliveryWorker:
                         self._reject(batch[0], error)
                     continue
                 self._note_failure(error)
+                # A failed export leaves reference cycles (exception, traceback, frames) that
+                # hold its encoded request; the cyclic GC counts objects, not bytes, so with a
+                # few huge records they would pile up for minutes. Failures are rare and slow.
+                del error, exc
+                gc.collect()
                 with self._cond:
                     # Full jitter keeps a fleet that lost its collector together from retrying
                     # in lockstep; the wait ends early on stop.
@@ -299,7 +331,7 @@ class DeliveryWorker:
         """Records up to ``last`` left the queue (delivered or dead-lettered)."""
         with self._cond:
             while self._queue and self._queue[0].seq <= last:
-                self._queue.popleft()
+                self._bytes -= self._queue.popleft().size
             if self._failures:
                 log.warning(
                     "sink %s: delivering again after %d failed attempts",
@@ -386,6 +418,7 @@ class WorkerSink:
         self._extra_metrics: ExtraMetrics = list
         self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
                                       max_records=config.spool_max_records,
+                                      max_bytes=config.spool_max_bytes,
                                       spool=open_spool(config, self.name),
                                       dead_letter=open_dead_letter(config),
                                       payload=self._payload)
