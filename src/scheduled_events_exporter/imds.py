@@ -16,6 +16,7 @@ from typing import Final
 
 import urllib3
 from urllib3.exceptions import HTTPError, NewConnectionError
+from urllib3.exceptions import ReadTimeoutError as Urllib3ReadTimeout
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from scheduled_events_exporter.model import Document, InstanceInfo, Outcome
@@ -91,7 +92,7 @@ class ImdsClient:
         except Urllib3Timeout:
             return PollResult(
                 Outcome.TIMEOUT, self._clock() - started,
-                error=f"no answer from {self._endpoint} in {timeout:g} s"
+                error=f"no complete answer from {self._endpoint} within {timeout:g} s"
             )
         except (HTTPError, OSError) as exc:
             return PollResult(Outcome.CONNECTION_ERROR, self._clock() - started, error=_short(exc))
@@ -147,10 +148,23 @@ class ImdsClient:
             preload_content=False,
         )
         try:
-            # Bounded read: a hostile or broken endpoint cannot make us buffer without limit.
-            body = response.read(MAX_DOCUMENT_BYTES + 1)
-            complete = len(body) <= MAX_DOCUMENT_BYTES
-            if complete:
+            # Bounded read, in size and in total time: the read timeout applies per socket
+            # read, so a body trickled a byte at a time would otherwise hold the poll for ever.
+            deadline = time.monotonic() + timeout
+            chunks: list[bytes] = []
+            received = 0
+            while received <= MAX_DOCUMENT_BYTES:
+                if time.monotonic() > deadline:
+                    response.close()  # the connection is mid-body: never reuse it
+                    raise Urllib3ReadTimeout(
+                        self._pool, path, f"the body took longer than {timeout:g} s in total")
+                chunk = response.read1(min(65536, MAX_DOCUMENT_BYTES + 1 - received))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                received += len(chunk)
+            body = b"".join(chunks)
+            if len(body) <= MAX_DOCUMENT_BYTES:
                 response.drain_conn()
             return response.status, body, {k: v for k, v in response.headers.items()}
         finally:
