@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,8 @@ def write_all(fd: int, data: bytes) -> None:
 def append_durably(path: Path, data: bytes) -> None:
     """Append ``data`` and fsync. On failure (a full or read-only disk) the file is cut back to
     its previous size, so a later append never lands after a torn line; ``OSError`` is raised."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    # O_NOFOLLOW: a symlink planted in the state directory must not redirect our writes.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     try:
         size = os.fstat(fd).st_size
         try:
@@ -75,9 +77,12 @@ def write_atomically(path: Path, data: bytes) -> None:
     On any failure (a full or read-only disk) the temp file is removed and ``path`` is left
     exactly as it was; the ``OSError`` is raised to the caller.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # An unpredictable name created exclusively, never through a symlink: nobody can make us
+    # write elsewhere by planting a link under the name we are about to use. The rename then
+    # replaces ``path`` itself, a link there included, never its target.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             write_all(fd, data)
             os.fsync(fd)
