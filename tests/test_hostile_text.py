@@ -135,3 +135,41 @@ def test_a_nul_in_one_event_id_costs_only_that_event(tmp_path: Path) -> None:
     records_seen: list[Any] = proc.records()
     assert {r["EventId"] for r in records_seen if r["Transition"] == "scheduled"} == {
         "BAD\u0000ID", "GOOD"}
+
+
+@pytest.mark.timeout(90)
+def test_idle_health_connections_are_capped_and_timed_out(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    health = free_port()
+    with Simulator(vm_name="vm-test") as sim:
+        env = clean_env(SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="console", SEE_STATE_DIR="",
+                        SEE_HEALTH_ADDR=f"127.0.0.1:{health}", SEE_POLL_INTERVAL="0.5")
+        with ExporterProcess(env) as proc:
+            def answers() -> bool:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz",
+                                                timeout=2) as answer:
+                        return answer.status == 200
+                except OSError:
+                    return False
+
+            wait_until(answers, 20, "the health server")
+            fds_before = len(os.listdir(f"/proc/{proc.proc.pid}/fd"))
+            idle = [socket.create_connection(("127.0.0.1", health)) for _ in range(200)]
+            try:
+                wait_until(lambda: len(os.listdir(f"/proc/{proc.proc.pid}/fd")) < fds_before + 40
+                           and proc.proc.poll() is None, 5, "a bounded number of descriptors")
+                # Idle connections are closed after 5 s, and the probe answers again.
+                wait_until(answers, 20, "the probe answering despite 200 idle clients")
+                assert threading_count(proc.proc.pid) < 60
+            finally:
+                for sock in idle:
+                    sock.close()
+
+
+def threading_count(pid: int) -> int:
+    import os
+
+    return len(os.listdir(f"/proc/{pid}/task"))
