@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
+from scheduled_events_exporter.serving import IDLE_TIMEOUT, ConnectionCap
 from scheduled_events_exporter.sinks.base import SinkStatus
 from scheduled_events_exporter.write_faults import WriteFault
 
@@ -129,32 +129,8 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     return ok, body
 
 
-#: Seconds an idle connection may stay open, and connections served at once: a scanner or a
-#: slowloris client must not cost the exporter a thread (and a file descriptor) per socket.
-IDLE_TIMEOUT = 5.0
-MAX_CONNECTIONS = 32
-
-
-class _BoundedServer(ThreadingHTTPServer):
-    """A threading HTTP server that refuses connections beyond :data:`MAX_CONNECTIONS`."""
-
-    daemon_threads = True
-
-    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(addr, handler)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # over the cap: closed at once, no thread
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+class _BoundedServer(ConnectionCap, ThreadingHTTPServer):
+    """The probes' server: connections capped, idle ones timed out (:mod:`.serving`)."""
 
 
 class HealthServer:
@@ -200,7 +176,6 @@ class HealthServer:
             raise OSError(f"cannot listen on SEE_HEALTH_ADDR={addr[0]}:{addr[1]} "
                           f"({exc.strerror or exc}); set another address or empty to disable"
                           ) from None
-        self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="health", daemon=True

@@ -24,7 +24,6 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -32,6 +31,7 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics.export import Gauge, MetricReader, MetricsData
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from scheduled_events_exporter.serving import IDLE_TIMEOUT, ConnectionCap
 from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,14 @@ class ProductMetricReader(PrometheusMetricReader):
 
 
 class _Quiet(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT  # an idle or trickling client is dropped
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds would flood the diagnostics."""
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _Server(ConnectionCap, WSGIServer):
+    """Scrapes are served concurrently, at most :data:`.serving.MAX_CONNECTIONS` at once."""
 
 
 class ScrapeEndpoint:
