@@ -160,3 +160,15 @@ def test_rule_templates_and_structure_pass_promtool(tmp_path: Path) -> None:
             [promtool, "check", "rules", str(copy)], capture_output=True, text=True, check=False
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_rate_panels_span_at_least_two_pushes() -> None:
+    """OTLP pushes arrive every 60 s; rate() and increase() need two samples in their window.
+    Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval), and a
+    panel's min interval floors $__interval (grafana/grafana#84063), so 2m guarantees two."""
+    for dashboard in DASHBOARDS.values():
+        for panel in dashboard["panels"]:
+            exprs = [t.get("expr", "") for t in panel.get("targets", [])]
+            if any("$__rate_interval" in e for e in exprs):
+                interval = panel.get("interval", "")
+                assert interval.endswith("m") and int(interval[:-1]) >= 2, panel["title"]
