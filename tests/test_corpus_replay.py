@@ -37,10 +37,10 @@ def env(sim: Simulator, tmp_path: Path, clock_start: str, **extra: str) -> dict[
     boot = tmp_path / "boot_id"
     if not boot.exists():
         boot.write_text("boot-1\n")
+    settings = {"SEE_BOOT_ID_FILE": str(boot), **extra}
     return clean_env(SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="console",
                      SEE_STATE_DIR=state_dir(tmp_path), SEE_HEALTH_ADDR="",
-                     SEE_POLL_INTERVAL="0.2", SEE_CLOCK_START=clock_start,
-                     SEE_BOOT_ID_FILE=str(boot), **extra)
+                     SEE_POLL_INTERVAL="0.2", SEE_CLOCK_START=clock_start, **settings)
 
 
 def verdicts(records: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
@@ -89,6 +89,27 @@ def test_our_accepted_approval_then_the_event_gone_is_completed(readme_sim: Simu
     assert verdicts(records) == [("scheduled", None), ("approved", None),
                                  ("completed", "approval_accepted")]
     assert records[2]["ObservedStart"] is False
+
+
+def test_an_approval_remembered_across_the_reboot_completes_the_event(
+        readme_sim: Simulator, tmp_path: Path) -> None:
+    """The published log exactly: the exporter approves the reboot at incarnation 2, dies with
+    its VM, and comes back to incarnation 4, empty. With no boot id to compare (disabled here),
+    the approval IMDS accepted, remembered in the state file, is the evidence that it ran."""
+    _, two, four = corpus("vm-scheduled-events-readme")
+    readme_sim.set_raw_document(two)
+    with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:36:08Z", SEE_APPROVE="user",
+                             SEE_BOOT_ID_FILE="")) as first:
+        first.wait_for(lambda: any(r["Transition"] == "approved" for r in first.records()), 20,
+                       "the approved record")
+        first.terminate()
+    assert verdicts(first.records()) == [("scheduled", None), ("approved", None)]
+    readme_sim.set_raw_document(four)
+    with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:37:09Z", SEE_APPROVE="user",
+                             SEE_BOOT_ID_FILE="")) as second:
+        records = second.wait_for_records(1, 20)
+    assert verdicts(records) == [("completed", "approval_accepted")]
+    assert records[0]["EventId"] == README_REBOOT and records[0]["ObservationGapSeconds"] > 0
 
 
 def test_a_changed_boot_id_across_a_restart_completes_the_pending_reboot(
