@@ -37,10 +37,10 @@ def env(sim: Simulator, tmp_path: Path, clock_start: str, **extra: str) -> dict[
     boot = tmp_path / "boot_id"
     if not boot.exists():
         boot.write_text("boot-1\n")
+    settings = {"SEE_BOOT_ID_FILE": str(boot), **extra}
     return clean_env(SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="console",
                      SEE_STATE_DIR=state_dir(tmp_path), SEE_HEALTH_ADDR="",
-                     SEE_POLL_INTERVAL="0.2", SEE_CLOCK_START=clock_start,
-                     SEE_BOOT_ID_FILE=str(boot), **extra)
+                     SEE_POLL_INTERVAL="0.2", SEE_CLOCK_START=clock_start, **settings)
 
 
 def verdicts(records: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
@@ -89,6 +89,27 @@ def test_our_accepted_approval_then_the_event_gone_is_completed(readme_sim: Simu
     assert verdicts(records) == [("scheduled", None), ("approved", None),
                                  ("completed", "approval_accepted")]
     assert records[2]["ObservedStart"] is False
+
+
+def test_an_approval_remembered_across_the_reboot_completes_the_event(
+        readme_sim: Simulator, tmp_path: Path) -> None:
+    """The published log exactly: the exporter approves the reboot at incarnation 2, dies with
+    its VM, and comes back to incarnation 4, empty. With no boot id to compare (disabled here),
+    the approval IMDS accepted, remembered in the state file, is the evidence that it ran."""
+    _, two, four = corpus("vm-scheduled-events-readme")
+    readme_sim.set_raw_document(two)
+    with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:36:08Z", SEE_APPROVE="user",
+                             SEE_BOOT_ID_FILE="")) as first:
+        first.wait_for(lambda: any(r["Transition"] == "approved" for r in first.records()), 20,
+                       "the approved record")
+        first.terminate()
+    assert verdicts(first.records()) == [("scheduled", None), ("approved", None)]
+    readme_sim.set_raw_document(four)
+    with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:37:09Z", SEE_APPROVE="user",
+                             SEE_BOOT_ID_FILE="")) as second:
+        records = second.wait_for_records(1, 20)
+    assert verdicts(records) == [("completed", "approval_accepted")]
+    assert records[0]["EventId"] == README_REBOOT and records[0]["ObservationGapSeconds"] > 0
 
 
 def test_a_changed_boot_id_across_a_restart_completes_the_pending_reboot(
@@ -165,10 +186,54 @@ def test_a_repeated_event_id_does_not_blind_the_exporter_to_the_rest(tmp_path: P
     assert proc.stderr().count("duplicate_event_id") == 1, proc.stderr()
 
 
+def test_a_reset_to_an_older_document_is_not_a_cancellation(tmp_path: Path) -> None:
+    """Microsoft's sample documents (incarnations 190 and 192) seen by sample_4: two Reboots
+    appear; when the older, empty document comes back the incarnation went backwards, and the
+    events that left with it, long before NotBefore, have no verdict (not cancelled)."""
+    empty, two_reboots = corpus("azure-samples-sample-documents")
+    with Simulator(vm_name="sample_4") as sim:
+        sim.set_raw_document(empty)
+        with ExporterProcess(env(sim, tmp_path, "2018-01-24T21:00:00Z")) as proc:
+            serve(sim, empty)
+            serve(sim, two_reboots)
+            proc.wait_for_records(2, 20)
+            serve(sim, empty)
+            records = proc.wait_for_records(5, 20)
+    assert verdicts(records) == [("scheduled", None), ("scheduled", None),
+                                 ("document_reset", None),
+                                 ("outcome_unknown", "document_reset"),
+                                 ("outcome_unknown", "document_reset")]
+    assert [r["AffectsSelf"] for r in records[:2]] == [True, False]
+    assert 0 < records[0]["NoticeSeconds"] <= 20 * 60 + 44
+    assert records[2]["EventId"] in (None, "")
+
+
+def test_an_event_gone_after_its_not_before_completed_unobserved(tmp_path: Path) -> None:
+    """A third-party fixture (a Platform Reboot of two resources, DurationInSeconds -1) seen by
+    the second of them; the exporter restarts after NotBefore into an empty document: the
+    event ran at its NotBefore even though no document showed it Started."""
+    (reboot,) = corpus("aks-node-termination-handler-fixture")
+    empty = corpus("ms-docs-live-migration")[0]
+    vm = "aks-spotcpu2d2as-24469130-vmss_1"
+    with Simulator(vm_name=vm) as sim:
+        sim.set_raw_document(reboot)
+        with ExporterProcess(env(sim, tmp_path, "2016-09-19T18:10:00Z")) as first:
+            records = first.wait_for_records(1, 20)
+            first.terminate()
+        assert verdicts(records) == [("scheduled", None)]
+        assert records[0]["AffectsSelf"] is True and records[0]["DurationInSeconds"] == -1
+        assert records[0]["Resources"] == ["FrontEnd_IN_0", vm]
+        sim.set_raw_document(empty)
+        with ExporterProcess(env(sim, tmp_path, "2016-09-19T18:40:00Z")) as second:
+            records = second.wait_for_records(1, 20)
+    assert verdicts(records) == [("completed", "not_before_passed")]
+    assert records[0]["ObservedStart"] is False and records[0]["ObservationGapSeconds"] > 0
+
+
 def test_every_corpus_document_is_accepted_by_the_parser() -> None:
     from scheduled_events_exporter.parser import parse_document
 
     files = sorted(CORPUS.glob("*/*.json"))
-    assert len(files) >= 8
+    assert len(files) >= 11
     for path in files:
         parse_document(path.read_bytes())

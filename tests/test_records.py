@@ -118,3 +118,37 @@ def test_record_id_is_stable_and_names_the_vm(kind: TransitionKind, incarnation:
     # Same transition seen again (a replay after a crash): same id, whatever the clock says.
     assert one.record_id == again.record_id
     assert one.record_id != other_vm.record_id
+
+
+def test_values_imds_may_add_reach_the_record_unchanged_and_ends_name_their_basis() -> None:
+    """A new EventType and an advisory status go from the document's bytes through the tracker
+    to the columns and attributes verbatim; the end of that event says on what evidence."""
+    from scheduled_events_exporter.parser import parse_document
+    from scheduled_events_exporter.tracker import TrackerState, track
+
+    def doc(incarnation: int, events: list[dict[str, object]]) -> bytes:
+        return json.dumps({"DocumentIncarnation": incarnation, "Events": events}).encode()
+
+    spot = {"EventId": "E-1", "EventType": "SpotRebalanceRecommendation",
+            "EventStatus": "Advisory", "ResourceType": "VirtualMachine",
+            "Resources": ["WestNO_0"], "NotBefore": "", "EventSource": "Platform",
+            "DurationInSeconds": -1, "Description": "capacity is tight", "Extra": {"x": 1}}
+    state, first = track(TrackerState(), parse_document(doc(5, [spot])), AT, gap_threshold=3)
+    _, gone = track(state, parse_document(doc(6, [])), AT + timedelta(seconds=1),
+                    gap_threshold=3)
+    (appeared,) = first
+    columns = to_columns(make_record(appeared, VM))
+    attrs = to_attributes(make_record(appeared, VM))
+    assert (columns["Transition"], columns["EventType"], columns["EventStatus"]) == (
+        "scheduled", "SpotRebalanceRecommendation", "Advisory")
+    p = "azure.scheduled_event."
+    assert (attrs[p + "type"], attrs[p + "status"]) == ("SpotRebalanceRecommendation", "Advisory")
+    (end,) = gone
+    end_columns = to_columns(make_record(end, VM))
+    end_attrs = to_attributes(make_record(end, VM))
+    # No NotBefore: neither "before" nor "after" it can be shown, so no verdict is claimed.
+    assert (end_columns["Transition"], end_columns["OutcomeBasis"]) == (
+        "outcome_unknown", "no_not_before")
+    assert end_attrs[p + "outcome_basis"] == "no_not_before"
+    assert end_columns["EventType"] == "SpotRebalanceRecommendation"
+    assert end_columns["PreviousStatus"] == "Advisory"

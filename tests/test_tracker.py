@@ -351,3 +351,55 @@ def test_every_end_carries_a_basis(docs) -> None:
             assert t.outcome_basis
         if t.kind is K.STARTED and t.previous_status is None:
             assert t.outcome_basis and t.unannounced is (t.outcome_basis == "continuous_watch")
+
+
+# --- properties with every kind of evidence: approvals, reboots, restarts ---
+
+steps = st.tuples(
+    st.integers(-2, 3),  # incarnation delta
+    st.lists(st.builds(lambda e, t, r: replace(e, event_type=t, resources=r), events,
+                       st.sampled_from(["Freeze", "Reboot", "Redeploy",
+                                        "SpotRebalanceRecommendation"]),
+                       st.sampled_from([("vm1",), ("vm2",), ("vm2", "VM1")])),
+             max_size=4, unique_by=lambda e: e.event_id),
+    st.sampled_from([1.0, 2.0, 10.0]),  # seconds since the previous document
+    st.booleans(),  # the exporter restarted just before this document
+    st.booleans(),  # the host rebooted just before this document
+    st.frozensets(ids, max_size=2),  # EventIds whose approval IMDS accepted by now
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(steps, max_size=10))
+def test_cancelled_only_on_watched_consecutive_unapproved_absence_before_not_before(seq) -> None:
+    state, at, boot, approved = TrackerState(), T0, 0, frozenset[str]()
+    for inc_delta, evs, pause, restarted, rebooted, newly_approved in [*seq, (1, [], 1.0, False,
+                                                                               False, frozenset())]:
+        at += timedelta(seconds=pause)
+        boot += rebooted
+        approved |= newly_approved
+        if restarted or rebooted:  # a reboot restarts the exporter too
+            state = replace(state, interrupted=True)
+        previous = state
+        inc = max(0, (state.incarnation or 0) + inc_delta)
+        evidence = Evidence(approved=approved, boot_id=f"boot-{boot}", vm_name="vm1")
+        state, out = track(state, Document(inc, tuple(evs)), at, gap_threshold=GAP,
+                           evidence=evidence)
+        for t in out:
+            assert t.event is not None or t.kind is K.DOCUMENT_RESET
+            if t.kind.is_end:
+                assert t.outcome_basis, t
+            if t.kind is K.CANCELLED:
+                assert previous.incarnation is not None and inc - previous.incarnation in (0, 1)
+                assert pause <= GAP and not restarted and not rebooted
+                assert t.observation_gap is None and t.event is not None
+                assert t.event.event_id not in approved
+                assert t.event.not_before is not None and t.event.not_before > at
+                assert t.outcome_basis == "consecutive_absence"
+            if t.kind is K.STARTED and t.previous_status is None and t.unannounced:
+                assert previous.last_good is not None and not (restarted or rebooted)
+                assert inc - (previous.incarnation or 0) in (0, 1) and pause <= GAP
+            if t.outcome_basis == "host_rebooted":
+                assert rebooted and t.event is not None
+                assert t.event.event_type in ("Reboot", "Redeploy")
+                assert "vm1" in {r.casefold() for r in t.event.resources}
