@@ -169,8 +169,8 @@ def test_dry_run_spellings(value: str, dry: bool) -> None:
         (
             {"SEE_APPROVE": "user", "SEE_APPROVE_HOOK_TIMOUT": "30"},
             "SEE_APPROVE_HOOK_TIMOUT='30': expected one of SEE_APPROVE, SEE_APPROVE_MULTI, "
-            "SEE_APPROVE_DRY_RUN, SEE_APPROVE_HOOK, SEE_APPROVE_HOOK_TIMEOUT "
-            "(unknown approval setting)",
+            "SEE_APPROVE_DRY_RUN, SEE_APPROVE_HOOK, SEE_APPROVE_HOOK_TIMEOUT, "
+            "SEE_APPROVE_HOOK_ENV (unknown approval setting)",
         ),
     ],
 )
