@@ -157,22 +157,20 @@ def test_partition_counts_are_parameters() -> None:
             "metadata"]["description"]
 
 
-def test_endpoint_and_rules_default_to_the_workspace_region() -> None:
+def test_endpoint_and_rules_take_the_workspace_region_as_a_required_parameter() -> None:
+    # ARM resolves a resource's location before the deployment runs: reference() is refused
+    # there, so the region is a required parameter (docs/consumption.md).
     template = ch.load_json(INGESTION)
-    assert template["parameters"]["location"]["defaultValue"] == ""
+    location = template["parameters"]["location"]
+    assert "defaultValue" not in location and location["minLength"] == 1
+    assert "workspace" in location["metadata"]["description"]
     regional = [
         *resources(template, "Microsoft.Insights/dataCollectionEndpoints"),
         *resources(template, "Microsoft.Insights/dataCollectionRules"),
     ]
     assert len(regional) == 3
     for res in regional:
-        assert res["location"] == (
-            "[if(empty(parameters('location')), reference(variables('workspaceId'), "
-            "'2022-10-01', 'full').location, parameters('location'))]"
-        ), res["name"]
-    assert template["variables"]["workspaceId"].startswith(
-        "[resourceId('Microsoft.OperationalInsights/workspaces'"
-    )
+        assert res["location"] == "[parameters('location')]", res["name"]
     assert "resourceGroup().location" not in INGESTION.read_text(encoding="utf-8")
 
 

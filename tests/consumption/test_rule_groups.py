@@ -52,7 +52,8 @@ def test_every_alert_has_its_counterpart(route: str) -> None:
     for name, rule in rules.items():
         assert rule["expression"] == wanted[name]["expr"].strip()
         assert rule["labels"]["severity"] == wanted[name]["labels"]["severity"]
-        assert rule["severity"] == {"critical": 0, "warning": 2, "info": 3}[rule["labels"]["severity"]]
+        severity = rule["labels"]["severity"]
+        assert rule["severity"] == {"critical": 0, "warning": 2, "info": 3}[severity]
         assert set(rule["annotations"]) == set(wanted[name]["annotations"])
         if "for" in wanted[name]:
             assert re.fullmatch(r"PT(\d+H)?(\d+M)?(\d+S)?", rule["for"]), rule["for"]
