@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from scheduled_events_exporter.parser import MAX_EVENTS
 from scheduled_events_exporter.simulator import Fault, Simulator
 from tests.exporter_process import (
     ExporterProcess,
@@ -87,10 +88,10 @@ def test_hostile_documents_keep_state_and_process(sim: Simulator, tmp_path: Path
         big = records[2]
         assert big["DurationInSeconds"] == 2**62 and big["DocumentIncarnation"] == 2**62
         assert len(records[3]["Description"]) < 10_000
-        # Thousands of events: bounded time and memory.
-        many = [event(f"E{i:05d}") for i in range(5000)]
+        # Thousands of events (the parser's bound, MAX_EVENTS): bounded time and memory.
+        many = [event(f"E{i:05d}") for i in range(MAX_EVENTS)]
         sim.set_events(many)
-        proc.wait_for_records(4 + 4 + 5000, timeout=60)  # 4 removed + 5000 appeared
+        proc.wait_for_records(4 + 4 + MAX_EVENTS, timeout=60)  # 4 removed + MAX_EVENTS appeared
         assert rss_mb(proc.proc.pid) < 150
         assert proc.terminate() == 0
 
