@@ -42,9 +42,8 @@ def test_dead_letter_probe_uses_an_unpredictable_exclusive_name(tmp_path: Path) 
     (state / f".{FILE_NAME}.probe").symlink_to(target)
     (state / FILE_NAME).symlink_to(target)
     letters = DeadLetterFile(state)
-    with pytest.raises(OSError):
-        with letters.watch.guard():
-            append_durably(letters.path, b"x\n")
+    with pytest.raises(OSError), letters.watch.guard():
+        append_durably(letters.path, b"x\n")
     assert letters.fault is not None
     letters.probe()
     assert target.read_bytes() == b"untouched"
