@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,10 +92,11 @@ class DeadLetterFile:
         in ``/readyz``) that the disk is writable again before the next rejected record."""
         if self.watch.fault is None:
             return
-        probe = self.path.with_name(f".{FILE_NAME}.probe")
+        # Unpredictable and created exclusively, never through a planted symlink.
+        probe = self.path.with_name(f".{FILE_NAME}.{secrets.token_hex(8)}.probe")
         # Still failing: the watch keeps the fault (and logged the streak once).
         with self._lock, contextlib.suppress(OSError), self.watch.guard():
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
                 write_all(fd, b"probe\n")
                 os.fsync(fd)
