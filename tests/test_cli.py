@@ -110,6 +110,33 @@ def test_a_refused_imds_connection_is_a_connection_error_within_seconds(tmp_path
         assert "records to: console" in startup and "metrics to: Prometheus" in startup
 
 
+@pytest.mark.timeout(60)
+def test_the_startup_line_names_the_ports_actually_bound() -> None:
+    """Port 0 means "any free port": the start-up line must say which one was chosen."""
+    env = clean_env(SEE_IMDS_ENDPOINT=f"http://127.0.0.1:{free_port()}", SEE_SINKS="console",
+                    SEE_STATE_DIR="", SEE_HEALTH_ADDR="127.0.0.1:0", SEE_POLL_INTERVAL="1",
+                    OTEL_METRICS_EXPORTER="prometheus",
+                    OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+                    OTEL_EXPORTER_PROMETHEUS_PORT="0")
+    with ExporterProcess(env) as proc:
+        proc.wait_for(lambda: "polling http" in proc.stderr(), 10, "the start-up line")
+        startup = next(x for x in proc.stderr_lines if "polling http" in x)
+        health = re.search(r"health: http://127\.0\.0\.1:(\d+)/healthz", startup)
+        scrape = re.search(r"Prometheus http://127\.0\.0\.1:(\d+)/metrics", startup)
+        assert health and scrape, startup
+        assert int(health.group(1)) > 0 and int(scrape.group(1)) > 0, startup
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health.group(1)}/healthz",
+                                        timeout=5) as answer:
+                status = answer.status
+        except urllib.error.HTTPError as exc:  # 503 is an answer too: the port is ours
+            status = exc.code
+        assert status in (200, 503)
+
+
 @pytest.mark.parametrize("args", [("--speed", "-5"), ("--speed", "0"), ("--speed", "nan"),
                                   ("--interval", "0"), ("--scenario", "no-such-scenario")])
 def test_demo_bad_arguments_are_one_line_and_exit_2(args: tuple[str, ...]) -> None:

@@ -255,10 +255,13 @@ class Exporter:
     def start(self) -> None:
         """Start polling."""
         config = self.config
-        health = (f"http://{config.health_addr[0]}:{config.health_addr[1]}/healthz and /readyz"
-                  if config.health_addr else "off")
+        # The bound ports, not the configured ones: port 0 means "any free port" and the
+        # operator needs the one that was chosen.
+        health = (f"http://{config.health_addr[0]}:{self.health.port}/healthz and /readyz"
+                  if config.health_addr and self.health is not None else "off")
+        scrape_port = self.scrape.port if self.scrape is not None else config.prometheus_addr[1]
         metrics = ", ".join(
-            f"Prometheus http://{config.prometheus_addr[0]}:{config.prometheus_addr[1]}/metrics"
+            f"Prometheus http://{config.prometheus_addr[0]}:{scrape_port}/metrics"
             if m == "prometheus" else m for m in config.metrics_exporters) or "none"
         log.info(
             "polling %s every %g s; records to: %s; metrics to: %s; health: %s; state: %s",
