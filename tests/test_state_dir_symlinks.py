@@ -51,3 +51,17 @@ def test_dead_letter_probe_uses_an_unpredictable_exclusive_name(tmp_path: Path) 
     leftovers = [p.name for p in state.iterdir() if not p.is_symlink()]
     assert leftovers == [], leftovers
     assert os.readlink(state / FILE_NAME) == str(target)
+
+
+def test_temporary_names_are_unpredictable_and_exclusive(tmp_path: Path) -> None:
+    # Links planted under every name the old scheme used (pid-based) change nothing.
+    target = tmp_path / "elsewhere"
+    target.write_text("precious\n")
+    for pid in (os.getpid(), os.getpid() + 1):
+        (tmp_path / f".state.json.{pid}.tmp").symlink_to(target)
+    for _ in range(3):
+        write_atomically(tmp_path / "state.json", b"{}")
+    assert target.read_text() == "precious\n"
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")
+                 and not p.is_symlink()]
+    assert leftovers == []
