@@ -73,7 +73,7 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
                     pid_box["pid"] = found
                 return found is not None
 
-            wait_until(exporter_up, 20, "the exporter inside the sandbox")
+            wait_until(exporter_up, 60, "the exporter inside the sandbox")  # slow under load
             state = volume(pid_box["pid"])
 
             def readyz() -> dict[str, Any]:
