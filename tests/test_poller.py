@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from scheduled_events_exporter.poller import Poller, next_due
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.simulator import Simulator
 from scheduled_events_exporter.telemetry import Telemetry
+from tests.exporter_process import free_port
 
 
 @given(st.floats(0, 1e6), st.floats(0, 1e4), st.floats(0.2, 60))
@@ -147,3 +150,30 @@ def test_metrics_changed_after_a_changing_poll_only(sim: Simulator, tmp_path: Pa
     poller.poll_once()
     assert told == [1, 3, 4]
     client.close()
+
+
+def test_the_liveness_deadline_covers_the_backoff_wait(tmp_path: Path) -> None:
+    """While IMDS refuses connections the loop waits out growing backoffs; the deadline it
+    publishes for /healthz must always lie beyond the wait, or liveness would flap."""
+    port = free_port()
+    config = load_config({"SEE_IMDS_ENDPOINT": f"http://127.0.0.1:{port}",
+                          "SEE_STATE_DIR": "", "SEE_POLL_INTERVAL": "0.2",
+                          "SEE_IMDS_FIRST_TIMEOUT": "1", "SEE_IMDS_TIMEOUT": "1"})
+    client = ImdsClient(config.imds_endpoint, first_timeout=1, timeout=1)
+    poller = Poller(config, client, [], Telemetry(), instance=InstanceInfo(vm_name="vm-test"))
+    stop = threading.Event()
+    thread = threading.Thread(target=poller.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 6
+        seen_ticks = set()
+        while time.monotonic() < deadline:
+            published = poller.next_tick_deadline
+            if published is not None and poller.ticks:
+                assert published > time.monotonic(), "the deadline passed while waiting"
+                seen_ticks.add(poller.ticks)
+            stop.wait(0.05)
+        assert len(seen_ticks) >= 3  # several failed polls with growing backoffs observed
+    finally:
+        stop.set()
+        thread.join(5)

@@ -262,6 +262,7 @@ class Poller:
                     log.exception("poll failed unexpectedly (%d in a row); polling continues",
                                   self._crashes)
                 due = self.clock.monotonic() + max(interval, 1.0)
+                self.next_tick_deadline = due + self._request_budget()
                 stop.wait(max(0.0, due - self.clock.monotonic()))
                 continue
             self._crashes = 0
@@ -270,6 +271,8 @@ class Poller:
                 due = next_due(due, now, interval)
             else:
                 due = now + retry_delay(result, self._failures, interval)
+            # The wait for the next poll (a backoff may last a minute) is part of the deadline.
+            self.next_tick_deadline = due + self._request_budget()
             stop.wait(max(0.0, due - self.clock.monotonic()))
 
     def _request_budget(self) -> float:
