@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,8 +41,12 @@ def bwrap_command(command: Sequence[str], *, state: Path | None = None,
             "--gid", str(gid)]
     if own_network:
         args.append("--unshare-net")
-    for path in visible:
-        args += ["--ro-bind", str(path), str(path)]
+    # The repository and the interpreter running the tests stay visible when they live under
+    # /tmp themselves (a clone there: the tmpfs would hide them and nothing could start).
+    own = [Path(sys.prefix).resolve(), Path(__file__).resolve().parents[1]]
+    shown = [*visible, *(p for p in own if p.is_relative_to("/tmp"))]
+    for path in dict.fromkeys(str(p) for p in shown):
+        args += ["--ro-bind", path, path]
     if state_tmpfs_bytes is not None:
         args += ["--size", str(state_tmpfs_bytes), "--tmpfs", STATE_MOUNT]
     elif state is not None:
