@@ -178,7 +178,7 @@ class HealthServer:
                           ) from None
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="health", daemon=True
+            target=self._server.serve, name="health", daemon=True
         )
 
     def start(self) -> None:
@@ -187,5 +187,5 @@ class HealthServer:
 
     def stop(self) -> None:
         """Stop serving."""
-        self._server.shutdown()
+        self._server.stop_serving()
         self._server.server_close()

@@ -24,7 +24,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -108,7 +108,8 @@ class ScrapeEndpoint:
         family = _family(host, port)
         server_class = type("ScrapeServer", (_Server,), {"address_family": family})
         try:
-            self._server: WSGIServer = make_server(host, port, metrics_only, server_class, _Quiet)
+            server: WSGIServer = make_server(host, port, metrics_only, server_class, _Quiet)
+            self._server = cast(_Server, server)
         except OSError as exc:
             raise OSError(
                 f"OTEL_EXPORTER_PROMETHEUS_HOST={host} OTEL_EXPORTER_PROMETHEUS_PORT={port}: "
@@ -117,7 +118,7 @@ class ScrapeEndpoint:
             ) from exc
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="prometheus-scrape", daemon=True
+            target=self._server.serve, name="prometheus-scrape", daemon=True
         )
 
     def metric_readers(self) -> Sequence[MetricReader]:
@@ -133,8 +134,7 @@ class ScrapeEndpoint:
 
     def stop(self) -> None:
         """Stop serving and release the port."""
-        if self._thread.is_alive():
-            self._server.shutdown()
+        self._server.stop_serving()
         self._server.server_close()
 
 

@@ -5,7 +5,8 @@ timer), and acknowledged only on ``SUCCESS``. Metrics: an :class:`OnChangeMetric
 the SDK's OTLP metric exporter, at once after a poll that changed something and otherwise every
 ``OTEL_METRIC_EXPORT_INTERVAL`` (default 60 s, the OpenTelemetry default); a thin wrapper
 counts failures. gRPC is imported only when selected
-(it costs ~15 MB, 6 threads and ~0.35 s of start-up).
+(it costs ~15 MB, 6 threads and ~0.35 s of start-up), and its channels, with the gRPC core's
+threads, exist only around exports (:mod:`.grpc_channel`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.base import FailureCounter
 from scheduled_events_exporter.sinks.delivery import WorkerSink
+from scheduled_events_exporter.sinks.grpc_channel import grpc_metric_exporter
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.sinks.otlp_errors import (
     StatusProbe,
@@ -121,12 +123,8 @@ class OtlpSink(WorkerSink):
         log_exporter: LogRecordExporter
         metric_exporter: MetricExporter
         if config.otlp_protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter as GrpcMetricExporter,
-            )
-
             log_exporter = grpc_log_exporter(self._probe)
-            metric_exporter = GrpcMetricExporter()
+            metric_exporter = grpc_metric_exporter()
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter as HttpMetricExporter,

@@ -12,7 +12,8 @@ offers:
 * gRPC: a client interceptor (``grpc.intercept_channel``, public gRPC API) that notes the
   status code of every ``Export`` call. The SDK builds its channel, and rebuilds it after
   ``UNAVAILABLE``, in ``_initialize_channel_and_stub``; overriding that one method to wrap the
-  channel is the only private name we depend on.
+  channel (and :mod:`.grpc_channel`'s use of ``_channel``/``_client`` to close it when idle)
+  are the only private names we depend on.
 
 :func:`classify_http` / :func:`classify_grpc` then follow the OpenTelemetry rule (transient
 errors are retried, permanent ones are not) with two refinements: authentication and endpoint
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
@@ -32,6 +34,7 @@ from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.sdk._logs import ReadableLogRecord
 
 from scheduled_events_exporter.sinks.base import DeliveryError, FailureKind
+from scheduled_events_exporter.sinks.grpc_channel import ChannelKeeper, close_channel
 
 if TYPE_CHECKING:
     import requests
@@ -161,9 +164,11 @@ def _credential_session() -> requests.Session | None:
 
 
 def grpc_log_exporter(probe: StatusProbe) -> GrpcLogExporter:
-    """The SDK's gRPC log exporter, configured by ``OTEL_*``, reporting to ``probe``."""
+    """The SDK's gRPC log exporter, configured by ``OTEL_*``, reporting to ``probe``, with a
+    channel opened per export and closed when idle (:mod:`.grpc_channel` says why)."""
     import grpc  # type: ignore[import-untyped]
     from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+    from opentelemetry.sdk._logs.export import LogRecordExportResult
 
     class Interceptor(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
@@ -174,9 +179,28 @@ def grpc_log_exporter(probe: StatusProbe) -> GrpcLogExporter:
             return outcome
 
     class Exporter(OTLPLogExporter):
+        def __init__(self) -> None:
+            self._ready = False  # the SDK's constructor asks for a channel: not yet
+            self.keeper = ChannelKeeper(self._open, lambda: close_channel(self))
+            super().__init__()
+            self._ready = True
+
+        def _open(self) -> None:
+            self._ready = True
+            self._initialize_channel_and_stub()
+
         def _initialize_channel_and_stub(self) -> None:
+            if not self._ready:
+                return
             super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
             self._channel = grpc.intercept_channel(self._channel, Interceptor())
             self._client = self._stub(self._channel)
+
+        def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+            return self.keeper.export(lambda: super(Exporter, self).export(batch))
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            self.keeper.stop()
+            super().shutdown(timeout_millis, **kwargs)
 
     return Exporter()
