@@ -71,6 +71,7 @@ class Config:
     code: str = ""
     batching: bool = False  # the collector's own batching (rotel's default: 200 ms timeout)
     as_user: bool = False  # endpoint "localhost", default log level (info)
+    spacing: tuple[float, float] = (0.3, 1.7)  # seconds between changes, uniform
 
     @property
     def label(self) -> str:
@@ -110,7 +111,7 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
             rotel.wait_for_logs(lambda r: r.attributes.get(ID_ATTR) == warm, timeout=30)
             changes: list[tuple[str, float, float]] = []  # (id, t_before, t_change)
             for _ in range(config.changes):
-                time.sleep(rng.uniform(0.3, 1.7))
+                time.sleep(rng.uniform(*config.spacing))
                 event_id = new_id()
                 window = [*window, make_event(event_id)][-WINDOW:]
                 t_before = time.time()
@@ -179,15 +180,18 @@ def measure(config: Config, rng: random.Random) -> dict[str, Any]:
 
 def tail_runs(changes: int, repeat: int, probe: bool = False, code: str = "",
               name: str = "e2e_delay_tail", batching: tuple[bool, ...] = (False,),
-              as_user: bool = False) -> None:
+              as_user: bool = False, spacing: tuple[float, float] = (0.3, 1.7),
+              protocols: tuple[str, ...] = ("grpc", "http/protobuf")) -> None:
     """gRPC and http/protobuf side by side at 1 s, ``repeat`` runs each (the issue-11 check)."""
     rng = random.Random(20261123)
     results = []
     for run in range(repeat):
-        for batch, protocol in ((b, p) for b in batching for p in ("grpc", "http/protobuf")):
+        for batch, protocol in ((b, p) for b in batching for p in protocols):
             label = "collector batching 200 ms" if batch else "collector batching off"
-            print(f"run {run + 1}: {protocol} @ 1 s, {label}, {changes} changes ...", flush=True)
-            result = measure(Config(protocol, 1.0, changes, probe, code, batch, as_user), rng)
+            print(f"run {run + 1}: {protocol} @ 1 s, {label}, {changes} changes "
+                  f"{spacing[0]:g}-{spacing[1]:g} s apart ...", flush=True)
+            result = measure(Config(protocol, 1.0, changes, probe, code, batch, as_user,
+                                    spacing), rng)
             results.append({"run": run + 1, "collector": label, **result})
             if probe:
                 slow = sorted(result["samples"], key=lambda x: -x["pipeline"])[:5]
@@ -210,7 +214,7 @@ def tail_runs(changes: int, repeat: int, probe: bool = False, code: str = "",
                    " / ".join(f"{r['delay_max']:.3f}" for r in rows),
                    "poll wait max " + " / ".join(f"{r['wait_max']:.3f}" for r in rows),
                    "-", all(r["delay_max"] <= 1.2 for r in rows) if c.endswith("off") else None)
-        for c in sorted({r["collector"] for r in results}) for p in ("grpc", "http/protobuf")
+        for c in sorted({r["collector"] for r in results}) for p in protocols
         if (rows := [r for r in results if r["protocol"] == p and r["collector"] == c])
     ]
     save_results(name, {"quick": False, "code": code, "runs": results}, summary)
@@ -230,10 +234,16 @@ def main() -> None:
                             help="the collector's batching (rotel default: 200 ms timeout)")
         parser.add_argument("--as-user", action="store_true",
                             help="endpoint http://localhost:PORT and the default log level")
+        parser.add_argument("--spacing", type=float, nargs=2, default=(0.3, 1.7),
+                            metavar=("LO", "HI"), help="seconds between changes, uniform "
+                            "(default 0.3 1.7; above the gRPC channel's 5 s linger every change "
+                            "finds the channel closed)")
+        parser.add_argument("--protocols", nargs="+", default=("grpc", "http/protobuf"),
+                            choices=("grpc", "http/protobuf"))
         options = parser.parse_args()
         batching = {"off": (False,), "on": (True,), "both": (False, True)}[options.batching]
         tail_runs(options.changes, options.repeat, options.probe, options.code, options.name,
-                  batching, options.as_user)
+                  batching, options.as_user, tuple(options.spacing), tuple(options.protocols))
         return
     args = parse_args(__doc__.splitlines()[0] if __doc__ else "")
     rng = random.Random(20240611)

@@ -21,7 +21,7 @@ from typing import Any
 from benchlib import BENCH, machine_info, print_table, result_path
 
 #: In the order they run: cheap and CPU-sensitive ones on a quiet machine first.
-BENCHES = ("tracker", "startup", "e2e_delay", "cpu", "memory", "soak", "outage")
+BENCHES = ("tracker", "startup", "e2e_delay", "cpu", "routes", "memory", "soak", "outage")
 
 
 def run(name: str, quick: bool) -> tuple[int, float]:
