@@ -42,6 +42,10 @@ log = logging.getLogger("scheduled_events_exporter")
 
 #: How long start-up waits for instance metadata before polling without it.
 INSTANCE_WAIT = 2.0
+#: Seconds past ``SEE_SHUTDOWN_TIMEOUT`` after which a shutdown that is stuck ends the process.
+SHUTDOWN_GRACE = 5.0
+#: The exit code of a shutdown the watchdog ended (a restart is safe: nothing is lost).
+EXIT_STUCK = 1
 
 
 def install_signal_handlers(stop: threading.Event) -> None:
@@ -54,6 +58,33 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+
+
+def exit_if_stuck(seconds: float, spooled: bool = True,
+                  end: Callable[[int], None] = os._exit) -> threading.Timer:
+    """End the process if the shutdown it starts has not ended within ``seconds``.
+
+    Each step of the drain has its own deadline; this bounds what none of them covers: a
+    library call that never returns, or a thread that keeps the interpreter from exiting. A
+    daemon thread, so a clean exit never waits for it. With a state directory (``spooled``)
+    nothing is lost by ending here: the state was committed first and every record not
+    acknowledged is in its sink's spool.
+    """
+    fate = ("records not delivered stay in the spool" if spooled else
+            "records not delivered are lost: SEE_STATE_DIR is empty, so there is no spool")
+
+    def expire() -> None:
+        log.error("shutdown did not finish within %g s; exiting with code %d (%s)",
+                  seconds, EXIT_STUCK, fate)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        end(EXIT_STUCK)
+
+    timer = threading.Timer(seconds, expire)
+    timer.name = "shutdown-watchdog"
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def setup_logging(level: str) -> None:
@@ -379,6 +410,7 @@ def run(config: Config, stop: threading.Event) -> int:
         return 1
     exporter.start()
     stop.wait()
+    exit_if_stuck(config.shutdown_timeout + SHUTDOWN_GRACE, config.state_dir is not None)
     log.info("stopping: draining sinks (up to %g s)", config.shutdown_timeout)
     drained = exporter.stop()
     log.info("stopped%s", "" if drained else " with undelivered records")
