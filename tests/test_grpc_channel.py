@@ -12,27 +12,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from scheduled_events_exporter.simulator import Simulator
 from scheduled_events_exporter.sinks.grpc_channel import LINGER, ChannelKeeper
-from tests.exporter_process import ExporterProcess, clean_env, state_dir
+from tests.exporter_process import ExporterProcess, clean_env, state_dir, wait_until
 from tests.peers.rotel import RotelReceiver
 
 #: Thread names the gRPC core gives its own threads (``/proc/<pid>/task/<tid>/comm``).
 GRPC_THREADS = ("grpc_global_tim", "event_engine", "lifeguard")
 P = "azure.scheduled_event."
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
 
 
 class Channel:
