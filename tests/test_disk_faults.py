@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -61,7 +62,8 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
             PYTHONDONTWRITEBYTECODE="1",
         )
         # Restarted by the shell after a kill -9 (same sandbox, same tmpfs); exit 0 ends it.
-        supervisor = (f'until {sys.executable} -m scheduled_events_exporter run; '
+        # Quoted: a clone under a path with a space must not split the interpreter's path.
+        supervisor = (f'until {shlex.quote(sys.executable)} -m scheduled_events_exporter run; '
                       'do echo "exporter died: $?" >&2; done')
         command = bwrap_command(["/bin/sh", "-c", supervisor], state_tmpfs_bytes=512 * 1024)
         with ExporterProcess(env, command=command) as proc:

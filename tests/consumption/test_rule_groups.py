@@ -38,6 +38,7 @@ def test_template_is_generated_from_the_rule_files() -> None:
     assert done.returncode == 0, "run: python tools/rule_groups.py"
 
 
+@pytest.mark.skipif(bool(arm_schemas.MISSING), reason=arm_schemas.MISSING)
 def test_template_validates_against_the_published_schema() -> None:
     problems = arm_schemas.validate_template(TEMPLATE)
     assert not problems, "\n".join(f"{p}" for p in problems)
