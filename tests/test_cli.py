@@ -207,3 +207,38 @@ def test_check_config_and_errors_never_print_a_secret() -> None:
     bad = run("check-config", env=clean_env(
         SEE_STATE_DIR="", SEE_IMDS_ENDPOINT="http://bob:planted-5@host:99999"))
     assert bad.returncode == 2 and "planted" not in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize(("protocol", "endpoint"), [("grpc", "http://localhost:4317"),
+                                                    ("http/protobuf", "http://localhost:4318")])
+def test_check_config_shows_where_otlp_records_go_by_default(protocol: str,
+                                                             endpoint: str) -> None:
+    done = run("check-config", env=clean_env(SEE_STATE_DIR="", SEE_SINKS="otlp",
+                                             OTEL_EXPORTER_OTLP_PROTOCOL=protocol))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT={endpoint} (default)" in lines
+    assert "OTEL_METRIC_EXPORT_INTERVAL=60000 (default)" in lines
+
+
+@pytest.mark.parametrize(("protocol", "endpoint", "said"), [
+    ("grpc", "http://collector:4317/v1/logs", "has a path ('/v1/logs') that gRPC ignores"),
+    ("http/protobuf", "http://collector:4318/v1/metrics",
+     "ends in /v1/metrics, but the SDK appends /v1/logs and /v1/metrics to it"),
+])
+def test_an_endpoint_path_the_sdk_would_misuse_is_a_warning(protocol: str, endpoint: str,
+                                                            said: str) -> None:
+    done = run("check-config", env=clean_env(
+        SEE_STATE_DIR="", SEE_SINKS="otlp", OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint))
+    assert done.returncode == 0
+    assert done.stderr.startswith(f"configuration warning: OTEL_EXPORTER_OTLP_ENDPOINT {said}")
+
+
+def test_a_plain_endpoint_gets_no_warning() -> None:
+    for protocol, endpoint in (("grpc", "https://collector:4317/"),
+                               ("http/protobuf", "http://collector:4318/")):
+        done = run("check-config", env=clean_env(
+            SEE_STATE_DIR="", SEE_SINKS="otlp", OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint))
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr

@@ -76,12 +76,16 @@ sinks within SEE_SHUTDOWN_TIMEOUT seconds.
 
 Reads: SEE_IMDS_ENDPOINT, SEE_POLL_INTERVAL, SEE_IMDS_FIRST_TIMEOUT, SEE_IMDS_TIMEOUT, SEE_SINKS,
 SEE_STATE_DIR, SEE_STALENESS_LIMIT, SEE_HEALTH_ADDR, SEE_SHUTDOWN_TIMEOUT, SEE_SPOOL_MAX_RECORDS,
-SEE_EVENTHUB_*, SEE_APPROVE*, SEE_BOOT_ID_FILE, SEE_LOG_LEVEL and the standard OTEL_* variables
-(OTEL_EXPORTER_OTLP_*, OTEL_METRICS_EXPORTER, OTEL_EXPORTER_PROMETHEUS_*, OTEL_SERVICE_NAME,
-OTEL_RESOURCE_ATTRIBUTES). The README's "Configuration" table says what each one means.
+SEE_SPOOL_MAX_BYTES, SEE_EVENTHUB_*, SEE_APPROVE*, SEE_BOOT_ID_FILE, SEE_LOG_LEVEL,
+SEE_CLOCK_START (replay only) and the standard OTEL_* variables (OTEL_EXPORTER_OTLP_*,
+OTEL_METRICS_EXPORTER, OTEL_METRIC_EXPORT_INTERVAL, OTEL_EXPORTER_PROMETHEUS_*,
+OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES). The README's "Configuration" table says what each
+one means; "check-config" prints the effective values.
 
-Exit codes: 0 after a clean shutdown, 2 for a configuration error (one line per problem on
-stderr), 1 when a sink could not drain at shutdown.
+Exit codes: 0 after a clean shutdown (records not delivered in time stay in the spool); 2 for a
+configuration error (one line per problem on stderr; a restart cannot fix it); 1 when the start
+failed for a reason that may pass (e.g. a port held by another process) or a shutdown was still
+stuck SEE_SHUTDOWN_TIMEOUT + 5 s after the signal.
 """
 
 _CHECK_HELP = """usage: scheduled-events-exporter check-config

@@ -150,6 +150,14 @@ class Config:
         if "prometheus" in self.metrics_exporters:
             defaults["OTEL_EXPORTER_PROMETHEUS_HOST"] = self.prometheus_addr[0]
             defaults["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(self.prometheus_addr[1])
+        if "otlp" in self.sinks:
+            # The SDK's own defaults, so a user sees where records go without reading its code.
+            defaults["OTEL_EXPORTER_OTLP_PROTOCOL"] = self.otlp_protocol
+            defaults["OTEL_EXPORTER_OTLP_ENDPOINT"] = (
+                "http://localhost:4317" if self.otlp_protocol == "grpc"
+                else "http://localhost:4318")
+        if "otlp" in self.metrics_exporters:
+            defaults["OTEL_METRIC_EXPORT_INTERVAL"] = f"{self.metric_export_interval * 1000:g}"
         lines.extend(f"{k}={v} (default)" for k, v in defaults.items() if k not in env)
         for key in sorted(env):
             if key.startswith(_OTEL_SHOWN_PREFIXES):
@@ -486,9 +494,20 @@ def _otlp_port_warnings(env: Mapping[str, str], protocol: str) -> list[str]:
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
                  "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
         try:
-            port = urlsplit(env.get(name, "").strip()).port
+            parts = urlsplit(env.get(name, "").strip())
+            port = parts.port
         except ValueError:
             continue
+        path = parts.path.rstrip("/")
+        if protocol == "grpc" and path:
+            warnings.append(f"{name} has a path ({path!r}) that gRPC ignores: only the host and "
+                            "port are used")
+        elif name == "OTEL_EXPORTER_OTLP_ENDPOINT" and path.endswith(("/v1/logs",
+                                                                      "/v1/metrics")):
+            warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK "
+                            "appends /v1/logs and "
+                            "/v1/metrics to it (a signal's full URL goes in "
+                            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT / ..._METRICS_ENDPOINT)")
         if protocol == "grpc" and port == 4318:
             warnings.append(f"{name} uses port 4318, the OTLP/http port, with "
                             "OTEL_EXPORTER_OTLP_PROTOCOL=grpc (gRPC listens on 4317)")
