@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from math import nan
@@ -157,25 +158,32 @@ def _scraper(ports: list[int], stop: threading.Event) -> None:
                 print(f"scrape of port {port} failed: {exc}", file=sys.stderr)
 
 
+def start_exporters(stack: ExitStack, routes: Sequence[str], before: str
+                    ) -> tuple[Simulator, dict[str, ExporterProcess], list[int]]:
+    """The simulator (one pending event) and its peers, then one exporter per route named
+    ``route/after`` and, with ``before`` (another checkout's ``src/``), ``route/before``; all
+    closed by ``stack``. Also the scrape ports of the Prometheus routes."""
+    sim = stack.enter_context(Simulator())
+    rotel = stack.enter_context(RotelReceiver())
+    peer = stack.enter_context(AmqpPeer())
+    sim.set_events(events_document(1, vm_name=sim.vm_name))
+    procs: dict[str, ExporterProcess] = {}
+    ports: list[int] = []
+    for code, path in ({"after": ""} | ({"before": before} if before else {})).items():
+        for route in routes:
+            env, port = route_env(route, sim, stack.enter_context(temp_state_dir()), rotel, peer)
+            if path:
+                env["PYTHONPATH"] = path
+            procs[f"{route}/{code}"] = stack.enter_context(ExporterProcess(env))
+            if port:
+                ports.append(port)
+    return sim, procs, ports
+
+
 def one_run(options: Options, index: int) -> dict[str, Any]:
     """Start everything, wait, measure one window; figures per process."""
-    codes = {"after": ""} | ({"before": options.before} if options.before else {})
     with ExitStack() as stack:
-        sim = stack.enter_context(Simulator())
-        rotel = stack.enter_context(RotelReceiver())
-        peer = stack.enter_context(AmqpPeer())
-        sim.set_events(events_document(1, vm_name=sim.vm_name))
-        procs: dict[str, ExporterProcess] = {}
-        ports: list[int] = []
-        for code, path in codes.items():
-            for route in ROUTES:
-                state = stack.enter_context(temp_state_dir())
-                env, port = route_env(route, sim, state, rotel, peer)
-                if path:
-                    env["PYTHONPATH"] = path
-                procs[f"{route}/{code}"] = stack.enter_context(ExporterProcess(env))
-                if port:
-                    ports.append(port)
+        sim, procs, ports = start_exporters(stack, ROUTES, options.before)
         reference = subprocess.Popen(
             [sys.executable, str(BENCH / "reference_poller.py"), sim.url],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

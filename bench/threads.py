@@ -29,13 +29,8 @@ from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from benchlib import cpu_seconds, events_document, temp_state_dir, wait_first_poll
-from routes import ROUTES, route_env
-
-from scheduled_events_exporter.simulator import Simulator
-from tests.exporter_process import ExporterProcess
-from tests.peers.amqp_peer import AmqpPeer
-from tests.peers.rotel import RotelReceiver
+from benchlib import cpu_seconds, temp_state_dir, wait_first_poll
+from routes import ROUTES, start_exporters
 
 
 @dataclass(frozen=True)
@@ -105,19 +100,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.perf and shutil.which("perf") is None:
         sys.exit("--perf needs perf (Debian package linux-perf)")
-    codes = {"after": ""} | ({"before": args.before} if args.before else {})
     with ExitStack() as stack:
-        sim = stack.enter_context(Simulator())
-        rotel = stack.enter_context(RotelReceiver())
-        peer = stack.enter_context(AmqpPeer())
-        sim.set_events(events_document(1, vm_name=sim.vm_name))
-        procs: dict[str, ExporterProcess] = {}
-        for code, path in codes.items():
-            for route in args.routes:
-                env, _ = route_env(route, sim, stack.enter_context(temp_state_dir()), rotel, peer)
-                if path:
-                    env["PYTHONPATH"] = path
-                procs[f"{route}/{code}"] = stack.enter_context(ExporterProcess(env))
+        sim, procs, _ = start_exporters(stack, args.routes, args.before)
         wait_first_poll(sim)
         time.sleep(args.warmup)
         pids = {name: proc.proc.pid for name, proc in procs.items()}

@@ -504,9 +504,8 @@ def _otlp_port_warnings(env: Mapping[str, str], protocol: str) -> list[str]:
                             "port are used")
         elif name == "OTEL_EXPORTER_OTLP_ENDPOINT" and path.endswith(("/v1/logs",
                                                                       "/v1/metrics")):
-            warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK "
-                            "appends /v1/logs and "
-                            "/v1/metrics to it (a signal's full URL goes in "
+            warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK appends "
+                            "/v1/logs and /v1/metrics to it (a signal's full URL goes in "
                             "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT / ..._METRICS_ENDPOINT)")
         if protocol == "grpc" and port == 4318:
             warnings.append(f"{name} uses port 4318, the OTLP/http port, with "
