@@ -113,6 +113,9 @@ class DeliveryWorker:
         self._config_error = ""
         self._config_logged = -float("inf")
         self._dropped = 0
+        # When the oldest record dropped since the last delivery was queued: a spool that
+        # overflows must not make a sink that delivers nothing look as if its backlog were new.
+        self._dropped_since: float | None = None
         self._dead_lettered = 0
         # Set while queued records are missing from the spool (its disk was full or read-only);
         # the next successful append writes them too.
@@ -166,6 +169,8 @@ class DeliveryWorker:
                 self._bytes -= oldest.size
                 dropped.append(oldest)
             self._dropped += len(dropped)
+            if dropped and self._dropped_since is None:
+                self._dropped_since = dropped[0].enqueued
             self._cond.notify_all()
         if dropped:
             self._ack(dropped[-1].seq)
@@ -237,7 +242,10 @@ class DeliveryWorker:
             ) if f is not None
         )
         with self._cond:
-            oldest = self._clock() - self._queue[0].enqueued if self._queue else 0.0
+            since = [self._queue[0].enqueued] if self._queue else []
+            if since and self._dropped_since is not None:
+                since.append(self._dropped_since)
+            oldest = self._clock() - min(since) if since else 0.0
             return SinkStatus(
                 self.name,
                 len(self._queue),
@@ -332,6 +340,7 @@ class DeliveryWorker:
         with self._cond:
             while self._queue and self._queue[0].seq <= last:
                 self._bytes -= self._queue.popleft().size
+            self._dropped_since = None
             if self._failures:
                 log.warning(
                     "sink %s: delivering again after %d failed attempts",

@@ -1,0 +1,85 @@
+"""How long a sink has waited, as ``/readyz`` judges it: records dropped at the spool's bound
+still count, so a sink that delivers nothing while a flood overflows its spool is failing."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
+from scheduled_events_exporter.records import TransitionRecord, make_record
+from scheduled_events_exporter.sinks.base import DeliveryError
+from scheduled_events_exporter.sinks.delivery import DeliveryWorker
+
+VM = InstanceInfo(vm_name="vm-test")
+AT = datetime(2026, 11, 25, tzinfo=timezone.utc)
+
+
+def record(seq: int) -> TransitionRecord:
+    event = ScheduledEvent(f"E{seq}", "Scheduled", "Freeze", "VirtualMachine", ("vm-test",),
+                           None, source="Platform", duration=5)
+    return make_record(Transition(TransitionKind.SCHEDULED, AT, seq, event), VM, seq)
+
+
+class Collector:
+    """Refuses every batch until told to accept (a collector that is down, then back)."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.delivered: list[int] = []
+        self.attempted = threading.Event()
+
+    def __call__(self, records: Sequence[TransitionRecord]) -> None:
+        self.attempted.set()
+        if not self.up:
+            raise DeliveryError("collector unreachable")
+        self.delivered.extend(r.seq for r in records)
+
+
+def test_records_dropped_at_the_bound_keep_counting_as_waiting() -> None:
+    now = [0.0]
+    collector = Collector()
+    worker = DeliveryWorker("otlp", collector, lambda *_: None, max_records=2,
+                            clock=lambda: now[0])
+    worker.start()
+    try:
+        worker.submit([record(1)])
+        assert collector.attempted.wait(5)
+        for seq in range(2, 8):  # one new record every 10 s; only the newest 2 stay queued
+            now[0] += 10.0
+            worker.submit([record(seq)])
+        status = worker.status()
+        assert status.dropped == 5 and status.pending == 2
+        # Record 1 was queued 60 s ago and nothing was delivered since.
+        assert status.oldest_wait == 60.0
+
+        collector.up = True
+        assert worker.flush(10)
+        assert worker.status().oldest_wait == 0.0
+        # A new backlog after a delivery is as old as its own oldest record.
+        collector.up = False
+        now[0] += 10.0
+        worker.submit([record(8)])
+        now[0] += 5.0
+        assert worker.status().oldest_wait == 5.0
+    finally:
+        collector.up = True  # (stop's deadline is on the frozen test clock: let it drain)
+        worker.stop(10)
+
+
+def test_without_drops_the_oldest_queued_record_sets_the_wait() -> None:
+    now = [100.0]
+    collector = Collector()
+    worker = DeliveryWorker("otlp", collector, lambda *_: None, max_records=10,
+                            clock=lambda: now[0])
+    worker.start()
+    try:
+        worker.submit([record(1)])
+        now[0] += 5.0
+        worker.submit([record(2)])
+        now[0] += 5.0
+        assert worker.status().oldest_wait == 10.0 and worker.status().dropped == 0
+    finally:
+        collector.up = True  # (stop's deadline is on the frozen test clock: let it drain)
+        worker.stop(10)
