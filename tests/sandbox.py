@@ -1,8 +1,11 @@
-"""bubblewrap sandboxes for the tests: the exporter as the container image runs it.
+"""bubblewrap sandboxes for the tests that need what a container engine does not give them
+cheaply: a state volume as small as a tmpfs of a few KiB, filled from outside while the exporter
+runs (``tests/test_disk_faults.py``). The image itself is built and run in
+``tests/test_image.py``.
 
-``bwrap`` (Debian package ``bubblewrap``) gives a process uid/gid 10001, a read-only view of the
-whole filesystem (writes fail with EROFS) and one writable state volume, without a container
-engine. The network is shared, so loopback peers (the simulator, collectors) stay reachable.
+``bwrap`` (Debian package ``bubblewrap``) gives a process uid/gid 65532 (the image's user), a
+read-only view of the whole filesystem (writes fail with EROFS) and one writable state volume.
+The network is shared, so loopback peers (the simulator, collectors) stay reachable.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def require_bwrap() -> str:
 
 
 def bwrap_command(command: Sequence[str], *, state: Path | None = None,
-                  state_tmpfs_bytes: int | None = None, uid: int = 10001, gid: int = 10001,
+                  state_tmpfs_bytes: int | None = None, uid: int = 65532, gid: int = 65532,
                   own_network: bool = False, visible: Sequence[Path] = ()) -> list[str]:
     """``command`` as ``uid``/``gid`` with a read-only root and a writable state volume at
     :data:`STATE_MOUNT`: the host directory ``state`` bound there, or a tmpfs of

@@ -1,6 +1,6 @@
 """The state volume fills up mid-scenario (a real ENOSPC on a tiny tmpfs), then frees up.
 
-The exporter runs under bubblewrap as uid 10001 with a read-only root and a 512 KiB tmpfs as
+The exporter runs under bubblewrap as uid 65532 with a read-only root and a 512 KiB tmpfs as
 its state volume; a supervisor shell inside the sandbox restarts it after a ``kill -9``, on the
 same volume. The test fills the volume from outside (through ``/proc/<pid>/root``) while the
 collector answers 503, so the new records can be neither delivered nor spooled:

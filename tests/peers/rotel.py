@@ -235,16 +235,20 @@ class RotelReceiver:
     """A ``rotel-agent`` to await records on; ports and records are kept across restarts."""
 
     def __init__(self, startup_timeout: float = 10.0, binary: pathlib.Path = ROTEL_AGENT,
-                 batching: bool = False) -> None:
+                 batching: bool = False, netns: str | None = None,
+                 ports: tuple[int, int] | None = None) -> None:
         """``batching``: keep rotel's default batching (a 200 ms batch timeout), as a collector
-        run with its defaults would; off (the default here), every request is printed at once."""
+        run with its defaults would; off (the default here), every request is printed at once.
+        ``netns``: run it in that network namespace (``/proc/PID/ns/net``, e.g. a pod's, so
+        its ports are on the pod's loopback) on the given ``ports`` (gRPC, http)."""
         self._binary, self._startup_timeout = binary, startup_timeout
         self._batching = batching
+        self._netns = netns
         self._cond = threading.Condition()  # guards everything below; notified on every record
         self._logs: list[ReceivedLog] = []
         self._metrics: list[ReceivedMetric] = []
         self._agent_output: deque[str] = deque(maxlen=200)  # the current rotel's own log lines
-        self._ports: tuple[int, int] | None = None
+        self._ports: tuple[int, int] | None = ports
         self._running: tuple[subprocess.Popen[bytes], threading.Thread] | None = None
 
     def start(self) -> Self:
@@ -253,7 +257,9 @@ class RotelReceiver:
             return self
         fixed, deadline = self._ports is not None, time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
-            while self._ports is None or {4317, 4318} & set(self._ports):
+            # (On this machine's loopback another collector may hold 4317/4318; a namespace
+            # of its own, such as a pod's, is free.)
+            while self._ports is None or (not self._netns and {4317, 4318} & set(self._ports)):
                 self._ports = _free_ports()
             if self._launch(deadline):
                 return self
@@ -286,8 +292,10 @@ class RotelReceiver:
             f"--otlp-http-endpoint 127.0.0.1:{http_port} --debug-log logs --debug-log metrics " \
             "--debug-log-verbosity detailed" + ("" if self._batching else " --disable-batching")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROTEL_")}
-        proc = subprocess.Popen([str(self._binary), *args.split()], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        enter = ["nsenter", f"--net={self._netns}"] if self._netns else []
+        proc = subprocess.Popen([*enter, str(self._binary), *args.split()],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env)
         state = {"eof": False}
         self._running = (proc, threading.Thread(target=self._read, args=(proc, state), daemon=True))
         with self._cond:  # rotel logs "Starting Rotel." once both ports are bound
@@ -295,7 +303,10 @@ class RotelReceiver:
             self._running[1].start()
             while not state["eof"] and (left := deadline - time.monotonic()) > 0:
                 started = any("Starting Rotel" in line for line in self._agent_output)
-                if started and _connectable(grpc_port) and _connectable(http_port):
+                # (In another namespace its ports cannot be tried from here; it logs "Starting"
+                # once they are bound.)
+                bound = self._netns or (_connectable(grpc_port) and _connectable(http_port))
+                if started and bound:
                     return True
                 self._cond.wait(min(left, 0.01) if started else left)
         self.stop()

@@ -1,0 +1,445 @@
+"""The container image, built from the repository's Dockerfile and run with podman + runc.
+
+The base is Debian's own ``python3`` (``tests/containers.py``: no registry is reachable here);
+everything else is the image users build: its size over the base and what it carries, PID 1
+(signals, orphans, a hook's process tree), a pod beside a simulated IMDS with a read-only root
+and a state volume, a stop and a start, the shipped memory limit enforced by a real cgroup, and
+the shipped Kubernetes manifests under ``podman kube play``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scheduled_events_exporter.parser import MAX_EVENTS
+from scheduled_events_exporter.simulator import Simulator
+from tests.containers import (
+    BASE,
+    IMAGE,
+    MANIFEST_IMAGE,
+    REPO,
+    STATE,
+    Podman,
+    build_image,
+    cleanup,
+    ensure_base,
+    exec_json,
+    image_json,
+    namespace_processes,
+    require_podman,
+    unique,
+)
+from tests.exporter_process import ExporterProcess, free_port, get_json, wait_until
+from tests.peers.rotel import ROTEL_AGENT, RotelReceiver
+from tests.test_hostile import event
+
+pytestmark = pytest.mark.timeout(600)
+
+#: The uid and gid of the image, of every manifest and of the docs.
+UID = 65532
+#: The shipped memory limit (config/k8s/: ``limits: {cpu: 200m, memory: 192Mi}``).
+LIMIT_MIB = 192
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
+    require_podman()
+    return Podman(tmp_path_factory.mktemp("podman"))
+
+
+@pytest.fixture(scope="module")
+def image(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The image, built once for the module on the Debian-built base."""
+    ensure_base(podman, tmp_path_factory.mktemp("base"))
+    seconds = build_image(podman)
+    print(f"image built in {seconds:.1f} s")
+    return IMAGE
+
+
+def run_args(*extra: str, healthcheck: bool = False) -> list[str]:
+    """``podman run`` as the manifests run the exporter: read-only root and no tmpfs that a
+    Kubernetes pod would not have either. The image's HEALTHCHECK only where a test runs it
+    (podman would schedule it with systemd timers, which this machine does not have)."""
+    return ["run", "--read-only", "--read-only-tmpfs=false",
+            *([] if healthcheck else ["--no-healthcheck"]), *extra]
+
+
+# --- what the image is ---------------------------------------------------------------------
+
+def test_the_image_adds_at_most_60_mb_to_its_base_and_no_installers(podman: Podman,
+                                                                     image: str) -> None:
+    sizes = [image_json(podman, name)["Size"] for name in (image, BASE)]
+    assert all(isinstance(size, int) for size in sizes)
+    added = int(sizes[0]) - int(sizes[1])  # type: ignore[call-overload]
+    assert added <= 60_000_000, f"the image adds {added / 1e6:.1f} MB to its base"
+    # Only the virtualenv, the user's passwd and group entries and the state directory.
+    venv = "/opt/scheduled-events-exporter"
+    changed = {line.split()[1] for line in podman("image", "diff", image, BASE).stdout.splitlines()
+               if line.strip()}
+    stray = {path for path in changed - {"/etc", "/etc/passwd", "/etc/group", "/var", "/var/lib",
+                                         "/opt", STATE}
+             if not path.startswith(venv)}
+    assert not stray, stray
+    config = image_json(podman, image)["Config"]
+    assert isinstance(config, dict)
+    assert config["User"] == f"{UID}:{UID}"
+    assert config["Entrypoint"] == ["scheduled-events-exporter"] and config["Cmd"] == ["run"]
+    probe = ("import importlib.util, json, os, shutil, sys\n"
+             f"venv = {venv!r}\n"
+             "print(json.dumps({'prefix': sys.prefix, 'uid': os.getuid(), 'gid': os.getgid(),\n"
+             "  'modules': [m for m in ('pip', 'setuptools', 'wheel', '_distutils_hack')\n"
+             "              if importlib.util.find_spec(m)],\n"
+             "  'tools': [t for t in ('pip', 'pip3', 'gcc', 'cc', 'make') if shutil.which(t)],\n"
+             "  'bin': sorted(os.listdir(venv + '/bin')),\n"
+             "  'state': oct(os.stat('/var/lib/scheduled-events-exporter').st_mode & 0o777),\n"
+             "  'cached_bytecode': sum(f.endswith('.pyc') for _, _, fs in os.walk(venv)\n"
+             "                         for f in fs)}))\n")
+    seen = json.loads(podman("run", "--rm", "--no-healthcheck", "--entrypoint", "python", image,
+                             "-c", probe).stdout)
+    assert seen["prefix"] == venv, seen
+    assert (seen["uid"], seen["gid"]) == (UID, UID) and seen["state"] == "0o700", seen
+    assert seen["modules"] == [] and seen["tools"] == [], seen
+    assert not [name for name in seen["bin"] if name.startswith(("pip", "activate"))], seen
+    assert seen["cached_bytecode"] > 1000, "bytecode is compiled at build time (read-only root)"
+    version = podman("run", "--rm", "--no-healthcheck", image, "version").stdout.strip()
+    assert version and version[0].isdigit(), version
+
+
+# --- in a pod beside a simulated IMDS ------------------------------------------------------
+
+def test_in_a_pod_beside_a_simulated_imds_with_a_read_only_root_stopped_and_started(
+        podman: Podman, image: str) -> None:
+    pod, volume = unique("see-pod"), unique("see-state")
+    imds, exporter = f"{pod}-imds", f"{pod}-exporter"
+    health = free_port()
+    with cleanup(podman, pods=[pod], volumes=[volume]):
+        podman("pod", "create", "--name", pod, "-p", f"127.0.0.1:{health}:8080")
+        podman("run", "-d", "--no-healthcheck", "--pod", pod, "--name", imds, image,
+               "simulate", "--scenario", "demo")
+        # The image's own environment: console sink, state on the volume, health on :8080.
+        first = ExporterProcess({}, command=podman.command(
+            *run_args("--pod", pod, "--name", exporter, "-v", f"{volume}:{STATE}",
+                      "-e", "SEE_IMDS_ENDPOINT=http://127.0.0.1:8099", healthcheck=True), image))
+        with first:
+            first.wait_for(lambda: sum(r["Transition"] == "scheduled" for r in first.records())
+                           >= 2, 60, "two scheduled events")
+            status, body = get_json(f"http://127.0.0.1:{health}/readyz")
+            assert status == 200 and body["status"] == "ready", body
+            assert get_json(f"http://127.0.0.1:{health}/healthz")[0] == 200
+            # The image's own HEALTHCHECK command, run by podman inside the container.
+            checked = podman("healthcheck", "run", exporter, check=False)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            wrote = podman("exec", exporter, "sh", "-c", "touch /probe", check=False)
+            assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, wrote
+            stopped_at = time.monotonic()
+            podman("stop", "-t", "20", exporter)
+            assert first.proc.wait(30) == 0, first.stderr()
+            took = time.monotonic() - stopped_at
+        assert podman.inspect(exporter, "{{.State.ExitCode}}") == "0"
+        assert took < 10 + 2, f"podman stop took {took:.1f} s (shutdown timeout 10 s)"
+        assert "stopped" in first.stderr().splitlines()[-1], first.stderr()[-600:]
+
+        volume_dir = Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}",
+                                 volume).stdout.strip())
+        saved = volume_dir / "state.json"
+        assert saved.stat().st_uid == UID and saved.stat().st_mode & 0o777 == 0o600
+        assert json.loads(saved.read_text())["seq"] >= 2
+
+        second = ExporterProcess({}, command=podman.command("start", "--attach", exporter))
+        with second:
+            second.wait_for(lambda: any(r["Transition"] == "completed" and r["EventType"] ==
+                                        "Reboot" for r in second.records()), 90,
+                            "the Reboot's completion after the restart")
+            podman("stop", "-t", "20", exporter)
+            assert second.proc.wait(30) == 0, second.stderr()
+    records = first.records() + second.records()
+    ids = [r["RecordId"] for r in records]
+    assert len(ids) == len(set(ids)), "a record was reported twice"
+    pairs = [(r["EventId"], r["Transition"]) for r in records]
+    assert len(pairs) == len(set(pairs)), f"a transition was reported twice: {pairs}"
+    kinds = {(r["EventType"], r["Transition"]) for r in records}
+    assert {("Freeze", "scheduled"), ("Freeze", "completed"), ("Reboot", "scheduled"),
+            ("Reboot", "completed"), ("Redeploy", "scheduled")} <= kinds, kinds
+
+
+# --- PID 1 -----------------------------------------------------------------------------------
+
+def _hook_env(sim: Simulator, hook: str, timeout: int = 60) -> list[str]:
+    return ["-e", f"SEE_IMDS_ENDPOINT={sim.url}", "-e", "SEE_HEALTH_ADDR=",
+            "-e", "SEE_STATE_DIR=", "-e", "SEE_POLL_INTERVAL=0.2", "-e", "SEE_APPROVE=all",
+            "-e", f"SEE_APPROVE_HOOK={hook}", "-e", f"SEE_APPROVE_HOOK_TIMEOUT={timeout}"]
+
+
+def _schedule(sim: Simulator, proc: ExporterProcess, event_id: str, outcome: str) -> None:
+    sim.set_events([event(event_id)])
+    proc.wait_for(lambda: any(r["EventId"] == event_id and r["Transition"] == outcome
+                              for r in proc.records()), 30, f"{outcome} of {event_id}")
+
+
+@pytest.mark.parametrize("init", [False, True], ids=["exporter-is-pid-1", "podman-init"])
+def test_pid_1_reaps_what_hooks_leave_and_a_stop_exits_0(podman: Podman, image: str,
+                                                         init: bool) -> None:
+    name = unique("see-pid1")
+    with cleanup(podman, containers=[name]), Simulator(vm_name="vm-test") as sim:
+        # Each approval's hook leaves a background child behind, orphaned when the hook exits.
+        command = podman.command(*run_args("--name", name, "--network", "host",
+                                           *(["--init"] if init else []),
+                                           *_hook_env(sim, "sleep 0.2 & echo draining")), image)
+        with ExporterProcess({}, command=command) as proc:
+            for i in range(10):
+                _schedule(sim, proc, f"E{i}", "approved")
+            root = int(podman.inspect(name, "{{.State.Pid}}"))
+            procs = namespace_processes(root)
+            wait_until(lambda: not any(p.comm == "sleep" for p in namespace_processes(root)),
+                       10, "the hooks' background children to end")
+            procs = namespace_processes(root)
+            assert [p for p in procs if p.state == "Z"] == [], procs
+            pid1 = next(p for p in procs if p.pid == root)
+            if init:
+                assert pid1.comm in ("catatonit", "podman-init"), procs
+            else:
+                assert "scheduled-events-exporter" in " ".join(pid1.argv), procs
+            # Two processes: the init and the exporter, both the image's user.
+            assert len(procs) == 2 and {p.uid for p in procs} == {UID}, procs
+            podman("stop", "-t", "20", name)
+            assert proc.proc.wait(30) == 0, proc.stderr()[-2000:]
+        assert podman.inspect(name, "{{.State.ExitCode}}") == "0"
+
+
+def test_a_hook_past_its_timeout_loses_its_whole_process_tree(podman: Podman,
+                                                              image: str) -> None:
+    name = unique("see-hook")
+    with cleanup(podman, containers=[name]), Simulator(vm_name="vm-test") as sim:
+        command = podman.command(*run_args("--name", name, "--network", "host",
+                                           *_hook_env(sim, "sleep 600 & sleep 600", timeout=1)),
+                                 image)
+        with ExporterProcess({}, command=command) as proc:
+            _schedule(sim, proc, "SLOW", "approval_skipped")
+            root = int(podman.inspect(name, "{{.State.Pid}}"))
+            wait_until(lambda: not any(p.comm == "sleep" or p.state == "Z"
+                                       for p in namespace_processes(root)), 10,
+                       "the hook's tree to be killed and reaped")
+            skipped = next(r for r in proc.records() if r["Transition"] == "approval_skipped")
+            assert skipped["ApprovalReason"] == "hook_failed", skipped
+            podman("stop", "-t", "20", name)
+            assert proc.proc.wait(30) == 0
+
+
+# --- under the shipped memory limit ----------------------------------------------------------
+
+def _cgroup_memory(host_pid: int) -> dict[str, int]:
+    """Peak usage and OOM kills of the container's memory cgroup (v1 or v2)."""
+    lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
+    v1 = next((line.split(":", 2)[2] for line in lines if ":memory:" in line), None)
+    if v1 is not None:
+        base = Path("/sys/fs/cgroup/memory") / v1.lstrip("/")
+        oom = dict(line.split() for line in (base / "memory.oom_control").read_text().splitlines())
+        return {"limit": int((base / "memory.limit_in_bytes").read_text()),
+                "peak": int((base / "memory.max_usage_in_bytes").read_text()),
+                "oom_kill": int(oom.get("oom_kill", 0))}
+    base = Path("/sys/fs/cgroup") / lines[0].split(":", 2)[2].lstrip("/")
+    events = dict(line.split() for line in (base / "memory.events").read_text().splitlines())
+    return {"limit": int((base / "memory.max").read_text()),
+            "peak": int((base / "memory.peak").read_text()), "oom_kill": int(events["oom_kill"])}
+
+
+def test_under_the_shipped_memory_limit_the_largest_documents_flapping_collector_down(
+        podman: Podman, image: str) -> None:
+    name, volume = unique("see-mem"), unique("see-state")
+    health, scrape, collector = free_port(), free_port(), free_port()
+    many = [event(f"E{i}", Resources=[f"vm-{i}"]) for i in range(MAX_EVENTS)]
+    huge = event("HUGE", Resources=[f"r{j}-" + "y" * 8000 for j in range(450)])
+    with cleanup(podman, containers=[name], volumes=[volume]), \
+            Simulator(vm_name="vm-test") as sim:
+        # The manifests' settings (OTLP http/protobuf, Prometheus scrape, 1 s polls) and limit.
+        command = podman.command(*run_args(
+            "--name", name, "--network", "host", "-v", f"{volume}:{STATE}",
+            "--memory", f"{LIMIT_MIB}m", "--memory-swap", f"{LIMIT_MIB}m",
+            "-e", f"SEE_IMDS_ENDPOINT={sim.url}", "-e", "SEE_SINKS=otlp",
+            "-e", f"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{collector}",
+            "-e", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+            "-e", "OTEL_METRICS_EXPORTER=prometheus",
+            "-e", f"OTEL_EXPORTER_PROMETHEUS_PORT={scrape}",
+            "-e", f"SEE_HEALTH_ADDR=127.0.0.1:{health}", "-e", "SEE_LOG_LEVEL=warning"), image)
+        rss_peak = 0
+        with ExporterProcess({}, command=command) as proc:
+            wait_until(lambda: _answers(f"http://127.0.0.1:{health}/healthz"), 60, "/healthz")
+            root = int(podman.inspect(name, "{{.State.Pid}}"))
+            started, flips = time.monotonic(), 0
+            while time.monotonic() - started < 50:
+                flips += 1
+                # 2000 events, then one 3.6 MB event, each changed on every poll.
+                if (time.monotonic() - started) < 20:
+                    sim.set_events([{**e, "Description": str(flips)} for e in many])
+                else:
+                    sim.set_events([{**huge, "Description": str(flips)}])
+                rss_peak = max(rss_peak, _rss(root))
+                assert get_json(f"http://127.0.0.1:{health}/healthz", timeout=5)[0] == 200
+                time.sleep(0.5)
+            memory = _cgroup_memory(root)
+            assert podman.inspect(name, "{{.State.Running}} {{.State.OOMKilled}}") == \
+                "true false"
+            body = get_json(f"http://127.0.0.1:{health}/readyz", timeout=5)[1]
+            assert body["reasons"] == ["sink otlp failing"], body
+            assert body["sinks"]["otlp"]["dropped"] > 0, body  # the spool's byte bound held
+            # The collector comes back: the spool drains and the exporter is ready again.
+            rotel = subprocess.Popen(
+                [str(ROTEL_AGENT), "start", "--exporter", "blackhole", "--otlp-grpc-endpoint",
+                 f"127.0.0.1:{free_port()}", "--otlp-http-endpoint", f"127.0.0.1:{collector}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_until(lambda: get_json(f"http://127.0.0.1:{health}/readyz",
+                                            timeout=5)[0] == 200, 120, "ready again", 0.5)
+            finally:
+                rotel.terminate()
+                rotel.wait(10)
+            memory = _cgroup_memory(root)
+            podman("stop", "-t", "20", name)
+            assert proc.proc.wait(30) == 0
+    print(f"flips {flips}; cgroup peak {memory['peak'] / 2**20:.1f} MiB of "
+          f"{memory['limit'] / 2**20:.0f} MiB; processes' peak RSS {rss_peak / 2**20:.1f} MiB")
+    assert memory["limit"] == LIMIT_MIB * 2**20 and memory["oom_kill"] == 0, memory
+    assert flips > 60
+
+
+def _answers(url: str) -> bool:
+    try:
+        return get_json(url)[0] == 200
+    except OSError:
+        return False
+
+
+def _rss(root: int) -> int:
+    """Resident bytes of every process in the container (the init and the exporter)."""
+    total = 0
+    for proc in namespace_processes(root):
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines()
+                       if line.startswith("VmRSS:")), 0)
+    return total
+
+
+# --- the shipped manifests under podman kube play --------------------------------------------
+
+def _with_env(container: dict[str, Any], **values: str) -> None:
+    env = [e for e in container["env"] if e["name"] not in values]
+    container["env"] = env + [{"name": k, "value": v} for k, v in values.items()]
+
+
+def _exporter_in_pod(podman: Podman, pod: str, state_on_host: Path | None,
+                     rotel: RotelReceiver) -> None:
+    """What both manifests must give: the manifest's user, a read-only root, state written,
+    /readyz and /metrics answering, records at the collector on the pod's loopback."""
+    container = f"{pod}-scheduled-events-exporter"
+    root = int(podman.inspect(container, "{{.State.Pid}}"))
+    wait_until(lambda: exec_json(podman, container, "http://127.0.0.1:8080/readyz")[0] == 200,
+               60, "/readyz")
+    status, metrics = exec_json(podman, container, "http://127.0.0.1:9464/metrics")
+    assert status == 200 and "azure_scheduled_events_pending" in metrics, metrics[:500]
+    procs = namespace_processes(root)
+    assert procs and {p.uid for p in procs} == {UID}, procs
+    # The manifest's limits reached the container's cgroup (192Mi, 200m).
+    limits = podman.inspect(container, "{{.HostConfig.Memory}} {{.HostConfig.CpuQuota}} "
+                                       "{{.HostConfig.CpuPeriod}}").split()
+    assert [int(x) for x in limits] == [LIMIT_MIB * 2**20, 20_000, 100_000], limits
+    wrote = podman("exec", container, "sh", "-c", "touch /probe", check=False)
+    assert "Read-only file system" in wrote.stderr, wrote
+    listed = podman("exec", container, "ls", "-ln", STATE).stdout
+    assert "state.json" in listed and f" {UID} {UID} " in listed, listed
+    if state_on_host is not None:
+        assert (state_on_host / "state.json").stat().st_uid == UID
+        assert state_on_host.stat().st_mode & 0o777 == 0o700
+    rotel.wait_for_logs(lambda r: r.event_name == "azure.scheduled_event.scheduled", 1, 60)
+
+
+@pytest.fixture
+def pod_collector() -> Iterator[list[RotelReceiver]]:
+    started: list[RotelReceiver] = []
+    yield started
+    for rotel in started:
+        rotel.stop()
+
+
+def _play(podman: Podman, manifest: Path, pod: str,
+          collectors: list[RotelReceiver]) -> RotelReceiver:
+    """``podman kube play`` the manifest with a real OTLP collector on the pod's loopback
+    (4318), started in the pod's network namespace before its containers."""
+    podman("kube", "play", "--start=false", str(manifest))
+    infra = podman("pod", "inspect", "--format", "{{.InfraContainerID}}", pod).stdout.strip()
+    podman("start", infra)
+    netns = f"/proc/{podman.inspect(infra, '{{.State.Pid}}')}/ns/net"
+    rotel = RotelReceiver(netns=netns, ports=(4317, 4318)).start()
+    collectors.append(rotel)
+    podman("pod", "start", pod)
+    return rotel
+
+
+def test_the_sidecar_manifest_under_podman_kube_play(podman: Podman, image: str,
+                                                     tmp_path: Path,
+                                                     pod_collector: list[RotelReceiver]) -> None:
+    manifest = yaml.safe_load((REPO / "config" / "k8s" / "sidecar.yaml").read_text())
+    manifest["metadata"]["name"] = name = unique("see-web")
+    template = manifest["spec"]["template"]["spec"]
+    for container in template["containers"]:
+        if container["name"] == "app":  # the application: here the image's own simulator
+            container.clear()
+            container.update(name="app", image=MANIFEST_IMAGE,
+                             command=["scheduled-events-exporter"],
+                             args=["simulate", "--scenario", "live-migration", "--loop"])
+        else:
+            _with_env(container, SEE_IMDS_ENDPOINT="http://127.0.0.1:8099",
+                      OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
+    played = tmp_path / "sidecar.yaml"
+    played.write_text(yaml.safe_dump(manifest))
+    podman("tag", image, MANIFEST_IMAGE)
+    pod = f"{name}-pod-0"
+    with cleanup(podman, kube=played):
+        rotel = _play(podman, played, pod, pod_collector)
+        _exporter_in_pod(podman, pod, None, rotel)
+
+
+def test_the_daemonset_pod_template_under_podman_kube_play(
+        podman: Podman, image: str, tmp_path: Path,
+        pod_collector: list[RotelReceiver]) -> None:
+    documents = list(yaml.safe_load_all((REPO / "config" / "k8s" / "daemonset.yaml").read_text()))
+    daemonset = next(d for d in documents if d["kind"] == "DaemonSet")
+    template = daemonset["spec"]["template"]
+    spec = template["spec"]
+    # podman 4.3 restarts an init container forever under restartPolicy Always.
+    spec["restartPolicy"] = "OnFailure"
+    host_state = tmp_path / "node" / "var-lib-see"  # created by kube play (DirectoryOrCreate)
+    for volume in spec["volumes"]:
+        if "hostPath" in volume:
+            volume["hostPath"]["path"] = str(host_state)
+    (exporter,) = spec["containers"]
+    # kube play knows fieldRef metadata.name, not spec.nodeName; Event Hubs is left out (its
+    # Secret and namespace are Azure's), the rest as shipped.
+    exporter["env"] = [e for e in exporter["env"] if not e["name"].startswith("SEE_EVENTHUB")]
+    for variable in exporter["env"]:
+        if variable["name"] == "NODE_NAME":
+            variable["valueFrom"] = {"fieldRef": {"fieldPath": "metadata.name"}}
+    _with_env(exporter, SEE_SINKS="otlp", SEE_IMDS_ENDPOINT="http://127.0.0.1:8099",
+              OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
+    spec["containers"].append({"name": "imds", "image": exporter["image"],
+                               "command": ["scheduled-events-exporter"],
+                               "args": ["simulate", "--scenario", "live-migration", "--loop"]})
+    pod = unique("see-node")
+    played = tmp_path / "daemonset-pod.yaml"
+    played.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+                                      "metadata": {**template["metadata"], "name": pod},
+                                      "spec": spec}))
+    podman("tag", image, MANIFEST_IMAGE)
+    with cleanup(podman, kube=played):
+        rotel = _play(podman, played, pod, pod_collector)
+        _exporter_in_pod(podman, pod, host_state, rotel)
