@@ -184,6 +184,7 @@ class Exporter:
             config.imds_endpoint,
             first_timeout=config.imds_first_timeout,
             timeout=config.imds_timeout,
+            api_version=config.imds_api_version,
         )
         self._telemetry: Telemetry | None = None
         self.sinks: list[Sink] = create_sinks(config, self._count_failure)
@@ -230,6 +231,7 @@ class Exporter:
                 already_approved=persisted.approvals if persisted else (),
                 clock=self.clock.wall,
                 on_outcome=self.telemetry.record_approval,
+                api_version=config.imds_api_version,
             )
         approver = self.approver
         self.committer = (

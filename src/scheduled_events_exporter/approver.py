@@ -22,6 +22,7 @@ import urllib3
 from urllib3.exceptions import HTTPError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
+from scheduled_events_exporter import api_versions
 from scheduled_events_exporter.approval import (
     OUTCOMES,
     ApprovalConfig,
@@ -30,7 +31,7 @@ from scheduled_events_exporter.approval import (
     decide,
 )
 from scheduled_events_exporter.hook import run_hook
-from scheduled_events_exporter.imds import EVENTS_PATH
+from scheduled_events_exporter.imds import events_path
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent, Transition
 from scheduled_events_exporter.model import TransitionKind as Kind
 from scheduled_events_exporter.records import for_log
@@ -93,8 +94,10 @@ class Approver:
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
         on_outcome: Callable[[str], None] | None = None,
         retry_delays: Sequence[float] = RETRY_DELAYS,
+        api_version: str = api_versions.DEFAULT,
     ) -> None:
         self._config = config
+        self._path = events_path(api_version)
         self._timeout = timeout
         self._vm_name = vm_name
         self._clock = clock
@@ -265,7 +268,7 @@ class Approver:
             # No redirects (an IMDS that redirects is not IMDS), no urllib3 retries (ours are
             # reported and bounded), never a proxy (urllib3 does not read HTTP_PROXY).
             response = self._pool.urlopen(
-                "POST", EVENTS_PATH, body=body.encode(), headers=_POST_HEADERS, redirect=False,
+                "POST", self._path, body=body.encode(), headers=_POST_HEADERS, redirect=False,
                 retries=False, preload_content=False,
                 timeout=urllib3.Timeout(connect=min(self._timeout, 5.0), read=self._timeout))
             try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import SplitResult, urlsplit
 
+from scheduled_events_exporter import api_versions
 from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_config
 from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
 from scheduled_events_exporter.redact import REDACTED, is_secret_name, scrub, shown
@@ -69,6 +70,8 @@ class Config:
     poll_interval: float = 1.0
     imds_first_timeout: float = 130.0
     imds_timeout: float = 5.0
+    #: The Scheduled Events ``api-version`` sent with every request (SEE_IMDS_API_VERSION).
+    imds_api_version: str = api_versions.DEFAULT
     sinks: tuple[str, ...] = ("console",)
     state_dir: Path | None = None
     staleness_limit: float = 30.0
@@ -124,6 +127,7 @@ class Config:
             f"SEE_POLL_INTERVAL={self.poll_interval:g}",
             f"SEE_IMDS_FIRST_TIMEOUT={self.imds_first_timeout:g}",
             f"SEE_IMDS_TIMEOUT={self.imds_timeout:g}",
+            f"SEE_IMDS_API_VERSION={self.imds_api_version}",
             f"SEE_SINKS={','.join(self.sinks)}",
             f"SEE_STATE_DIR={self.state_dir or 'disabled'}",
             f"SEE_STALENESS_LIMIT={self.staleness_limit:g}",
@@ -225,6 +229,11 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         "SEE_IMDS_FIRST_TIMEOUT", seconds(1.0, 600.0), 130.0, "seconds, a number from 1 to 600"
     )
     timeout = get("SEE_IMDS_TIMEOUT", seconds(0.1, 60.0), 5.0, "seconds, a number from 0.1 to 60")
+    no_warnings: list[str] = []
+    api_version, version_warnings = get(
+        "SEE_IMDS_API_VERSION", _parse_api_version, (api_versions.DEFAULT, no_warnings),
+        f"a Scheduled Events api-version, a date from {api_versions.OLDEST} on (default "
+        f"{api_versions.DEFAULT})")
     staleness = get(
         "SEE_STALENESS_LIMIT", seconds(1.0, 86400.0), 30.0, "seconds, a number from 1 to 86400"
     )
@@ -354,7 +363,8 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
     problems.extend(_check_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")))
     if "otlp" in sinks:
         problems.extend(_check_tls_files(env))
-    warnings = _otlp_port_warnings(env, protocol) if "otlp" in sinks else []
+    warnings = [*version_warnings,
+                *(_otlp_port_warnings(env, protocol) if "otlp" in sinks else [])]
 
     approval, approval_problems = parse_approval_config(env)
     problems.extend(approval_problems)
@@ -365,6 +375,7 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         poll_interval=interval,
         imds_first_timeout=first_timeout,
         imds_timeout=timeout,
+        imds_api_version=api_version,
         sinks=sinks,
         state_dir=state_dir,
         staleness_limit=staleness,
@@ -426,6 +437,13 @@ def _parse_hub_name(text: str) -> str:
     if not _HUB_NAME.fullmatch(text):
         raise ValueError(text)
     return text
+
+
+def _parse_api_version(text: str) -> tuple[str, list[str]]:
+    try:
+        return api_versions.check(text)
+    except ValueError as exc:
+        raise Detailed(str(exc)) from None
 
 
 def _parse_endpoint(text: str) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from scheduled_events_exporter.model import Outcome
 from scheduled_events_exporter.serving import IDLE_TIMEOUT, ConnectionCap
 from scheduled_events_exporter.sinks.base import SinkStatus
 from scheduled_events_exporter.write_faults import WriteFault
@@ -95,8 +96,12 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
             "dropped": status.dropped,
             "dead_lettered": status.dead_lettered,
         }
-    ok = fresh and not failing and not faults
+    # A refused api-version will not pass by itself: not ready at once, whatever the age.
+    refused = inputs.last_outcome() == Outcome.API_VERSION_REFUSED.value
+    ok = fresh and not failing and not faults and not refused
     reasons = []
+    if refused:
+        reasons.append("IMDS refuses the api-version sent (SEE_IMDS_API_VERSION; see the log)")
     if not fresh:
         reasons.append(
             "no good IMDS document yet"

@@ -19,6 +19,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import ReadTimeoutError as Urllib3ReadTimeout
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
+from scheduled_events_exporter import api_versions
 from scheduled_events_exporter.model import Document, InstanceInfo, Outcome
 from scheduled_events_exporter.parser import (
     MAX_DOCUMENT_BYTES,
@@ -27,7 +28,12 @@ from scheduled_events_exporter.parser import (
     parse_document,
 )
 
-EVENTS_PATH: Final = "/metadata/scheduledevents?api-version=2020-07-01"
+
+def events_path(api_version: str = api_versions.DEFAULT) -> str:
+    """The Scheduled Events request path (GET and the approval POST) at ``api_version``."""
+    return f"/metadata/scheduledevents?api-version={api_version}"
+
+
 INSTANCE_PATH: Final = "/metadata/instance?api-version=2021-02-01"
 _HEADERS: Final = {"Metadata": "true", "Accept": "application/json"}
 
@@ -42,6 +48,8 @@ class PollResult:
     document: Document | None = None
     error: str = ""
     retry_after: float | None = None
+    #: On ``api_version_refused``: the versions IMDS said it serves.
+    offered: tuple[str, ...] = ()
 
 
 class ImdsClient:
@@ -58,8 +66,11 @@ class ImdsClient:
         *,
         first_timeout: float,
         timeout: float,
+        api_version: str = api_versions.DEFAULT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._api_version = api_version
+        self._events_path = events_path(api_version)
         self._pool = urllib3.connection_from_url(
             endpoint, maxsize=1, block=False, retries=False, timeout=timeout
         )
@@ -83,7 +94,8 @@ class ImdsClient:
         timeout = self._timeout if self._answered else self._first_timeout
         started = self._clock()
         try:
-            status, body, response_headers = self._request("GET", EVENTS_PATH, headers, timeout)
+            status, body, response_headers = self._request("GET", self._events_path, headers,
+                                                           timeout)
         except NewConnectionError as exc:
             # Refused, unreachable, no such host: urllib3 derives this from its connect-timeout
             # class for old callers, but nothing waited here, so it is no timeout.
@@ -123,6 +135,11 @@ class ImdsClient:
             return PollResult(Outcome.SERVER_ERROR, duration, status, error=error)
         # 304 without our ETag, redirects (never followed) and other 4xx.
         self._etag = None
+        offers = api_versions.offered(body) if status == 400 else None
+        if offers is not None:  # by the status and the body's structure, never its wording
+            return PollResult(Outcome.API_VERSION_REFUSED, duration, status,
+                              error=api_versions.refusal(self._api_version, offers),
+                              offered=offers)
         return PollResult(Outcome.CLIENT_ERROR, duration, status, error=error)
 
     def fetch_instance(self) -> InstanceInfo:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 #: EventStatus values the platform documents; anything else is kept verbatim (docs/lifecycle.md).
 STATUS_SCHEDULED = "Scheduled"
@@ -36,6 +37,11 @@ class ScheduledEvent:
     def is_started(self) -> bool:
         """True for ``Started``; every other status (known or not) is treated like ``Scheduled``."""
         return self.status == STATUS_STARTED
+
+    @property
+    def is_user_initiated(self) -> bool:
+        """EventSource ``User``: a reboot or redeploy someone asked for (portal, API, CLI)."""
+        return self.source.casefold() == "user"
 
     def affects(self, vm_name: str) -> bool:
         """Whether ``vm_name`` is among Resources (Azure names compare case-insensitively)."""
@@ -86,6 +92,8 @@ class Outcome(_StrEnum):
     THROTTLED = "throttled"
     SERVER_ERROR = "server_error"
     CLIENT_ERROR = "client_error"
+    #: HTTP 400 listing the versions IMDS serves (``newest-versions``): ours is not one.
+    API_VERSION_REFUSED = "api_version_refused"
     INVALID_DOCUMENT = "invalid_document"
     TIMEOUT = "timeout"
     CONNECTION_ERROR = "connection_error"
@@ -121,7 +129,9 @@ class Basis(_StrEnum):
     """The evidence behind a verdict (``outcome_basis``; docs/lifecycle.md has the table).
 
     On an end of an event it says why it is completed, cancelled or unknown; on a ``started``
-    first seen already Started it says why it is (or is not) unannounced.
+    first seen already Started it says why it is (or is not) unannounced; on a ``scheduled``
+    whether its notice is the whole notice (``continuous_watch``) or only what was left when
+    the exporter first looked.
     """
 
     #: The exporter saw the event Started before it left the document.
@@ -146,6 +156,15 @@ class Basis(_StrEnum):
     NO_NOT_BEFORE = "no_not_before"
     #: Watched continuously with consecutive incarnations (what an unannounced start needs).
     CONTINUOUS_WATCH = "continuous_watch"
+    #: A user's reboot or redeploy first seen Started: the VM approves those automatically when
+    #: its scheduled events policy says so, and then the platform creates no Scheduled event.
+    USER_INITIATED = "user_initiated"
+
+
+#: The platform's documented minimum notice per event type, in seconds (Terminate: 5 min,
+#: configurable up to 15). Real notice has been shorter (a Freeze with 5 min 19 s).
+DOCUMENTED_MINIMUM_NOTICE: Final = {"Freeze": 900.0, "Reboot": 900.0, "Redeploy": 600.0,
+                                    "Terminate": 300.0, "Preempt": 30.0}
 
 
 @dataclass(frozen=True, slots=True)

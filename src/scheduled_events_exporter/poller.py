@@ -313,7 +313,12 @@ class Poller:
             else:
                 log.info("IMDS answering again after %s", previous)
         elif result.outcome is Outcome.GONE:
-            log.info("IMDS answered 410 Gone (normal for up to 70 s after start); retrying")
+            # The documentation says about a minute after start; on real VMs it has lasted
+            # 2-3 minutes. Readiness says when it lasts too long; the log says it once.
+            log.info("IMDS answered 410 Gone (normal while the service enables itself: a "
+                     "minute or two, seen up to 3 after a start); retrying every few seconds")
+        elif result.outcome is Outcome.API_VERSION_REFUSED:
+            log.error("%s", result.error)
         else:
             log.warning("IMDS request failed (%s): %s", result.outcome.value, result.error)
 

@@ -47,6 +47,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--loop", action="store_true", help="replay the scenario forever")
     parser.add_argument("--vm-name", help="this VM's name (default: the scenario's)")
     parser.add_argument("--list", action="store_true", help="list bundled scenarios and exit")
+    parser.add_argument("--api-versions", metavar="V1,V2,...",
+                        help="serve only these Scheduled Events api-versions (default: every "
+                             "documented one); others get HTTP 400 with newest-versions, as "
+                             "IMDS answers a version it no longer serves")
     try:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse exits on --help and on errors; the caller wants a code
@@ -63,12 +67,17 @@ def main(argv: Sequence[str]) -> int:
         if args.speed is not None and args.speed <= 0:
             raise ValueError(f"--speed must be > 0, got {args.speed}")
         scenario = load_scenario(args.scenario) if args.scenario else None
+        versions = [v.strip() for v in (args.api_versions or "").split(",") if v.strip()]
+        if args.api_versions is not None and not versions:
+            raise ValueError("--api-versions needs at least one version")
     except (ScenarioError, ValueError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 2
     vm_name = args.vm_name or (scenario.vm_name if scenario else DEFAULT_VM_NAME)
     sim = Simulator(host=args.host, port=args.port, vm_name=vm_name,
                     instance=scenario.instance if scenario else None)
+    if versions:
+        sim.set_api_versions(versions)
     try:
         sim.start()
     except OSError as exc:
@@ -86,7 +95,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         print(f"IMDS simulator for VM {vm_name} at {sim.url} since {formatdate(usegmt=True)}; "
               f"try: curl -H Metadata:true "
-              f"'{sim.url}{SCHEDULED_EVENTS_PATH}?api-version=2020-07-01'", file=sys.stderr,
+              f"'{sim.url}{SCHEDULED_EVENTS_PATH}?api-version={(versions or ['2020-07-01'])[-1]}'",
+              file=sys.stderr,
               flush=True)
         if scenario is not None:
             sim.play(scenario, speed=args.speed, loop=args.loop, on_step=_print_step)

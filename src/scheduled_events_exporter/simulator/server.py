@@ -24,7 +24,9 @@ from scheduled_events_exporter.simulator.faults import Fault
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 INSTANCE_PATH = "/metadata/instance"
-SCHEDULED_EVENTS_VERSIONS = ("2017-11-01", "2019-01-01", "2019-08-01", "2020-07-01")
+#: The documented Scheduled Events versions, oldest first (what IMDS served for years).
+SCHEDULED_EVENTS_VERSIONS = ("2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01",
+                             "2020-07-01")
 INSTANCE_VERSIONS = ("2017-08-01", "2017-12-01", "2018-10-01", "2019-06-01", "2019-08-15",
                      "2020-06-01", "2020-09-01", "2021-01-01", "2021-02-01", "2021-05-01",
                      "2021-12-13", "2023-07-01")
@@ -85,13 +87,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_request(method: str, path: str, query: str,
-                  headers: Sequence[tuple[str, str]]) -> Route | Response:
-    """The route of a valid request, else the error IMDS answers (in the service's order)."""
+def check_request(method: str, path: str, query: str, headers: Sequence[tuple[str, str]],
+                  events_versions: Sequence[str] = SCHEDULED_EVENTS_VERSIONS) -> Route | Response:
+    """The route of a valid request, else the error IMDS answers (in the service's order).
+    ``events_versions``: the Scheduled Events versions served, oldest first."""
     versions: tuple[str, ...]
     methods: tuple[str, ...]
     if path == SCHEDULED_EVENTS_PATH:
-        target, versions, methods = "scheduledevents", SCHEDULED_EVENTS_VERSIONS, ("GET", "POST")
+        target, versions, methods = "scheduledevents", tuple(events_versions), ("GET", "POST")
     elif path == INSTANCE_PATH:
         target, versions, methods = "instance", INSTANCE_VERSIONS, ("GET",)
     else:
@@ -119,7 +122,9 @@ def document_response(incarnation: int, events: Sequence[Mapping[str, object]], 
     # Fields the docs list as added by later versions are absent from older answers.
     drop = set() if version >= "2020-07-01" else {"DurationInSeconds"}
     if version < "2019-08-01":
-        drop |= {"EventSource", "Description"}
+        drop.add("EventSource")
+    if version < "2019-04-01":
+        drop.add("Description")
     shaped = [{k: v for k, v in e.items() if k not in drop} for e in events]
     document = {"DocumentIncarnation": incarnation, "Events": shaped}
     body = json.dumps(document, separators=(",", ":")).encode()  # compact, as IMDS sends it

@@ -25,6 +25,7 @@ from scheduled_events_exporter.simulator.scenarios import (
     Step,
 )
 from scheduled_events_exporter.simulator.server import (
+    SCHEDULED_EVENTS_VERSIONS,
     FaultQueue,
     RequestLogEntry,
     Response,
@@ -77,6 +78,7 @@ class Simulator:
         self._faults = FaultQueue()
         self._log_entries: list[RequestLogEntry] = []
         self._approved: set[str] = set()
+        self._versions: tuple[str, ...] = SCHEDULED_EVENTS_VERSIONS
         #: A recorded document served byte for byte instead of the rendered one (replay).
         self._raw: bytes | None = None
         self._conns: set[socket.socket] = set()
@@ -195,6 +197,14 @@ class Simulator:
                 self._events = [e for e in events if isinstance(e, dict)]
                 self._incarnation = incarnation
 
+    def set_api_versions(self, versions: Sequence[str]) -> None:
+        """Serve only these Scheduled Events api-versions (oldest first); any other is answered
+        400 with ``newest-versions``, as IMDS does when it stops serving a version."""
+        if not versions:
+            raise ValueError("api versions: expected at least one version")
+        with self._lock:
+            self._versions = tuple(versions)
+
     def push_fault(self, fault: Fault) -> None:
         """Queue ``fault``; queued faults are used in order by the requests they match."""
         with self._lock:
@@ -239,7 +249,9 @@ class Simulator:
     def handle(self, method: str, path: str, query: str, headers: tuple[tuple[str, str], ...],
                body: bytes) -> Response:
         """Answer one request: IMDS checks first, then a queued fault, then the real answer."""
-        route = check_request(method, path, query, headers)
+        with self._lock:
+            versions = self._versions
+        route = check_request(method, path, query, headers, versions)
         if isinstance(route, Response):
             return route
         with self._lock:
