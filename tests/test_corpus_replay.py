@@ -68,7 +68,8 @@ def test_missed_started_document_is_unknown_not_cancelled(readme_sim: Simulator,
         proc.wait_for_records(1, 20)
         serve(readme_sim, four)
         records = proc.wait_for_records(2, 20)
-    assert verdicts(records) == [("scheduled", None), ("outcome_unknown", "missed_documents")]
+    assert verdicts(records) == [("scheduled", "continuous_watch"),
+                                 ("outcome_unknown", "missed_documents")]
     assert records[1]["EventId"] == README_REBOOT and records[1]["EventStatus"] == "Unknown"
 
 
@@ -86,7 +87,7 @@ def test_our_accepted_approval_then_the_event_gone_is_completed(readme_sim: Simu
                       "the approved record")
         serve(readme_sim, four)
         records = proc.wait_for_records(3, 20)
-    assert verdicts(records) == [("scheduled", None), ("approved", None),
+    assert verdicts(records) == [("scheduled", "first_document"), ("approved", None),
                                  ("completed", "approval_accepted")]
     assert records[2]["ObservedStart"] is False
 
@@ -103,7 +104,7 @@ def test_an_approval_remembered_across_the_reboot_completes_the_event(
         first.wait_for(lambda: any(r["Transition"] == "approved" for r in first.records()), 20,
                        "the approved record")
         first.terminate()
-    assert verdicts(first.records()) == [("scheduled", None), ("approved", None)]
+    assert verdicts(first.records()) == [("scheduled", "first_document"), ("approved", None)]
     readme_sim.set_raw_document(four)
     with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:37:09Z", SEE_APPROVE="user",
                              SEE_BOOT_ID_FILE="")) as second:
@@ -121,7 +122,7 @@ def test_a_changed_boot_id_across_a_restart_completes_the_pending_reboot(
     with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:36:08Z")) as first:
         records = first.wait_for_records(1, 20)
         first.terminate()
-    assert verdicts(records) == [("scheduled", None)]
+    assert verdicts(records) == [("scheduled", "first_document")]
     (tmp_path / "boot_id").write_text("boot-2\n")
     readme_sim.set_raw_document(four)
     with ExporterProcess(env(readme_sim, tmp_path, "2021-07-22T04:37:09Z")) as second:
@@ -144,7 +145,7 @@ def test_documented_live_migration_with_console_and_otlp(tmp_path: Path) -> None
             logs = rotel.wait_for_logs(
                 lambda r: r.resource.get("service.name") == f"replay-{tmp_path.name}",
                 count=3, timeout=30)
-    assert verdicts(records) == [("scheduled", None), ("started", None),
+    assert verdicts(records) == [("scheduled", "continuous_watch"), ("started", None),
                                  ("completed", "observed_start")]
     assert [r["AffectsSelf"] for r in records] == [True, True, True]
     assert [lg.event_name for lg in logs] == ["azure.scheduled_event.scheduled",
@@ -199,7 +200,8 @@ def test_a_reset_to_an_older_document_is_not_a_cancellation(tmp_path: Path) -> N
             proc.wait_for_records(2, 20)
             serve(sim, empty)
             records = proc.wait_for_records(5, 20)
-    assert verdicts(records) == [("scheduled", None), ("scheduled", None),
+    assert verdicts(records) == [("scheduled", "missed_documents"),
+                                 ("scheduled", "missed_documents"),
                                  ("document_reset", None),
                                  ("outcome_unknown", "document_reset"),
                                  ("outcome_unknown", "document_reset")]
@@ -220,7 +222,7 @@ def test_an_event_gone_after_its_not_before_completed_unobserved(tmp_path: Path)
         with ExporterProcess(env(sim, tmp_path, "2016-09-19T18:10:00Z")) as first:
             records = first.wait_for_records(1, 20)
             first.terminate()
-        assert verdicts(records) == [("scheduled", None)]
+        assert verdicts(records) == [("scheduled", "first_document")]
         assert records[0]["AffectsSelf"] is True and records[0]["DurationInSeconds"] == -1
         assert records[0]["Resources"] == ["FrontEnd_IN_0", vm]
         sim.set_raw_document(empty)

@@ -85,6 +85,8 @@ def test_live_migration_sequence(
     sim: Simulator, rotel: RotelReceiver, tmp_path: Path, protocol: str
 ) -> None:
     with ExporterProcess(otlp_env(sim, rotel, tmp_path, protocol)) as proc:
+        # Watched from an empty document on, so the notice is the whole notice (and counted).
+        proc.wait_for(lambda: "first document received" in proc.stderr(), 30, "a first poll")
         sim.set_events([freeze()])
         wait_logs(rotel, tmp_path, 1)
         # While it is pending, the per-event gauges carry it.

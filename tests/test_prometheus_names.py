@@ -80,10 +80,10 @@ def both_routes() -> tuple[list[ReceivedMetric], str]:
     nobody listens on (export failures)."""
     wanted = {name for name, _, _ in METRICS}
     with Simulator(vm_name="vm-names") as sim, RotelReceiver() as rotel:
-        sim.set_events([{"EventId": "NAMES-1", "EventStatus": "Scheduled", "EventType": "Reboot",
+        reboot = [{"EventId": "NAMES-1", "EventStatus": "Scheduled", "EventType": "Reboot",
                          "ResourceType": "VirtualMachine", "Resources": ["vm-names"],
                          "NotBefore": "Mon, 11 Apr 2099 22:26:58 GMT", "Description": "",
-                         "EventSource": "User", "DurationInSeconds": 30}])
+                         "EventSource": "User", "DurationInSeconds": 30}]
         port = free_port()
         env = clean_env(
             SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="otlp", SEE_STATE_DIR="", SEE_HEALTH_ADDR="",
@@ -95,6 +95,9 @@ def both_routes() -> tuple[list[ReceivedMetric], str]:
             OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
         )
         with ExporterProcess(env) as proc:
+            # Appearing while watched: its notice is counted (a first sight's is not).
+            proc.wait_for(lambda: "first document received" in proc.stderr(), 30, "a poll")
+            sim.set_events(reboot)
             rotel.wait_for_metric("azure.scheduled_events.export.failures", timeout=60)
             assert proc.wait_until(lambda: wanted <= {m.name for m in rotel.metrics}, 30)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:

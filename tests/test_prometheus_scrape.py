@@ -42,6 +42,7 @@ pytestmark = skip_unless_installed("prometheus")
 FREEZE = "A1B2C3D4-0000-4000-8000-00000000F0F0"
 REBOOT = "B2C3D4E5-0000-4000-8000-0000000B0B0B"
 REDEPLOY = "C3D4E5F6-0000-4000-8000-00000000D0D0"
+USER = "D4E5F6A7-0000-4000-8000-0000000E0E0E"
 
 
 def rule_exprs() -> list[tuple[str, str]]:
@@ -122,17 +123,21 @@ def stack() -> Iterator[Stack]:
              "ResourceType": "VirtualMachine", "Resources": [VM],
              "NotBefore": http_date(now + timedelta(minutes=10)), "Description": "",
              "EventSource": "Platform", "DurationInSeconds": 5},
+            # A host failure: Started at once, impact duration unknown (no impact series).
             {"EventId": REBOOT, "EventStatus": "Started", "EventType": "Reboot",
              "ResourceType": "VirtualMachine", "Resources": [VM], "NotBefore": "",
-             "Description": "Host failure", "EventSource": "Platform", "DurationInSeconds": 30},
+             "Description": "Host failure", "EventSource": "Platform", "DurationInSeconds": -1},
+            # A user's reboot that the VM approves automatically: Started at once, no surprise.
+            {"EventId": USER, "EventStatus": "Started", "EventType": "Reboot",
+             "ResourceType": "VirtualMachine", "Resources": [VM], "NotBefore": "",
+             "Description": "", "EventSource": "User", "DurationInSeconds": -1},
             {"EventId": REDEPLOY, "EventStatus": "Scheduled", "EventType": "Redeploy",
              "ResourceType": "VirtualMachine", "Resources": ["vm-other"],
              "NotBefore": http_date(now + timedelta(hours=2)), "Description": "",
              "EventSource": "Platform", "DurationInSeconds": -1},
         ]
-        # The host failure comes while the exporter watches (a first sight at start would be
-        # a late sighting, not an unannounced start: docs/lifecycle.md).
-        sim.set_events([e for e in events if e["EventId"] != REBOOT])
+        # Everything comes while the exporter watches (a first sight at start would be a late
+        # sighting, neither an unannounced start nor a whole notice: docs/lifecycle.md).
         port = free_port()
         instance = f"127.0.0.1:{port}"
         env = clean_env(
@@ -141,9 +146,12 @@ def stack() -> Iterator[Stack]:
             OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1", OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
         )
         with ExporterProcess(env) as exporter:
+            exporter.wait_for(lambda: "first document received" in exporter.stderr(), 30,
+                              "a first, empty document")
+            sim.set_events([e for e in events if e["EventStatus"] == "Scheduled"])
             exporter.wait_for_records(2, timeout=30)
             sim.set_events(events)
-            exporter.wait_for_records(3, timeout=30)
+            exporter.wait_for_records(4, timeout=30)
             prom = PrometheusServer([instance], job=JOB, rule_files=RULE_FILES)
             try:
                 stack = Stack(sim, exporter, prom, instance, f"http://{instance}/metrics")
@@ -166,12 +174,12 @@ def test_every_shipped_expression_evaluates(stack: Stack, where: str, expr: str)
 
 
 def test_pending_panels(stack: Stack) -> None:
-    assert stack.scalar(panel("Pending events (affecting the VM)")) == 2
-    assert stack.scalar(panel("Pending events (all)")) == 3
+    assert stack.scalar(panel("Pending events (affecting the VM)")) == 3
+    assert stack.scalar(panel("Pending events (all)")) == 4
     assert stack.scalar(panel("Exporters reporting")) == 1
     by_type_status = {(s["metric"]["type"], s["metric"]["status"]): float(s["value"][1])
                       for s in stack.q(panel("Pending events by type and status"))}
-    assert by_type_status == {("Freeze", "Scheduled"): 1, ("Reboot", "Started"): 1,
+    assert by_type_status == {("Freeze", "Scheduled"): 1, ("Reboot", "Started"): 2,
                               ("Redeploy", "Scheduled"): 1}
 
 
@@ -197,7 +205,7 @@ def test_time_to_not_before_panel(stack: Stack) -> None:
 
 def test_impact_panel(stack: Stack) -> None:
     # DurationInSeconds -1 (unknown) has no series.
-    assert stack.by_id(panel("Announced impact of pending events")) == {FREEZE: 5, REBOOT: 30}
+    assert stack.by_id(panel("Announced impact of pending events")) == {FREEZE: 5}
 
 
 def test_imds_staleness_panels(stack: Stack) -> None:
@@ -210,8 +218,11 @@ def test_alert_expressions_while_pending(stack: Stack) -> None:
     rules = dict(rule_exprs())
     imminent = stack.by_id(rules["ScheduledEventImpactfulImminent"])
     assert set(imminent) == {FREEZE}  # the Redeploy is 2 h away and affects another VM
-    unannounced = stack.by_id(rules["ScheduledEventUnannouncedStart"])
-    assert set(unannounced) == {REBOOT}
+    # The host failure alone: its DurationInSeconds -1 gives it no per-event series, and the
+    # user's automatically approved reboot beside it is no surprise.
+    (unannounced,) = stack.q(rules["ScheduledEventUnannouncedStart"])
+    assert unannounced["metric"] == {"job": JOB, "instance": stack.instance, "type": "Reboot"}
+    assert float(unannounced["value"][1]) == 1
     assert stack.q(rules["ScheduledEventsExporterSilent"]) == []
     assert stack.q(rules["ScheduledEventsImdsStale"]) == []
 
@@ -223,7 +234,7 @@ def test_server_evaluates_the_rule_files(stack: Stack) -> None:
 
     deadline = time.monotonic() + 20
     while firing() != {("ScheduledEventImpactfulImminent", FREEZE),
-                       ("ScheduledEventUnannouncedStart", REBOOT)}:
+                       ("ScheduledEventUnannouncedStart", "")}:
         assert time.monotonic() < deadline, firing()
         time.sleep(0.2)
     groups = stack.prom.api("rules")["groups"]
@@ -255,7 +266,7 @@ def test_only_metrics_path_is_served(stack: Stack) -> None:
 
 def test_per_event_series_leave_when_events_end(stack: Stack) -> None:
     stack.sim.set_events([])
-    stack.exporter.wait_for(lambda: len(stack.exporter.records()) >= 6, 30, "3 removals")
+    stack.exporter.wait_for(lambda: len(stack.exporter.records()) >= 8, 30, "4 removals")
     # Stale at the next scrape: gone from instant queries within seconds, not after 5 minutes.
     stack.prom.wait_for(substitute(panel("Countdown to NotBefore"), stack.instance),
                         lambda r: r == [], 15, "the countdown series to go stale")

@@ -152,3 +152,19 @@ def test_values_imds_may_add_reach_the_record_unchanged_and_ends_name_their_basi
     assert end_attrs[p + "outcome_basis"] == "no_not_before"
     assert end_columns["EventType"] == "SpotRebalanceRecommendation"
     assert end_columns["PreviousStatus"] == "Advisory"
+
+
+def test_a_user_initiated_start_says_why_it_was_never_scheduled() -> None:
+    from dataclasses import replace
+
+    from scheduled_events_exporter.telemetry import severity
+
+    reboot = replace(FREEZE, status="Started", event_type="Reboot", source="User",
+                     not_before=None, duration=-1)
+    record = make_record(Transition(TransitionKind.STARTED, AT, 3, reboot, unannounced=False,
+                                    outcome_basis="user_initiated"), VM)
+    assert body(record) == ("Reboot started for WestNO_0, WestNO_1 (impact duration unknown; "
+                            "user-initiated and approved automatically, so never Scheduled)")
+    columns = to_columns(record)
+    assert columns["Unannounced"] is False and columns["OutcomeBasis"] == "user_initiated"
+    assert severity(record)[1] == "WARN"  # an ordinary start, not the unannounced ERROR

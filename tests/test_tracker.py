@@ -182,13 +182,15 @@ def test_unparseable_not_before_counts_as_unknown() -> None:
 ids = st.sampled_from(["A", "B", "C", "D", "E"])
 statuses = st.sampled_from(["Scheduled", "Started", "Weird"])
 events = st.builds(
-    lambda i, s, nb, d: ev(
-        i, status=s, not_before=None if nb is None else T0 + timedelta(seconds=nb), duration=d
+    lambda i, s, nb, d, src: ev(
+        i, status=s, not_before=None if nb is None else T0 + timedelta(seconds=nb), duration=d,
+        source=src,
     ),
     ids,
     statuses,
     st.one_of(st.none(), st.integers(-100, 1000)),
     st.integers(-1, 30),
+    st.sampled_from(["Platform", "User", "user", ""]),
 )
 documents = st.lists(
     st.tuples(st.integers(-3, 5), st.lists(events, max_size=5, unique_by=lambda e: e.event_id)),
@@ -323,6 +325,28 @@ def test_a_watched_first_sight_as_started_is_unannounced() -> None:
     assert out[0].unannounced is True and out[0].outcome_basis == "continuous_watch"
 
 
+def test_an_automatically_approved_user_reboot_is_not_unannounced() -> None:
+    # userInitiatedReboot automaticallyApprove: the platform creates no Scheduled event.
+    reboot = ev("USR", status="Started", event_type="Reboot", not_before=None, duration=-1,
+                source="User")
+    _, out = run([(0, 1, []), (1, 2, [reboot]), (2, 3, [])])
+    assert kinds(out) == ["started", "completed"]
+    assert out[0].unannounced is False and out[0].outcome_basis == "user_initiated"
+    assert out[1].observed_start is True and out[1].outcome_basis == "observed_start"
+    # Also after a gap or at a fresh start: the reason it was never Scheduled is the same.
+    _, out = run([(0, 1, []), (30, 2, [reboot])])
+    assert out[0].outcome_basis == "user_initiated" and out[0].observation_gap == 30.0
+    _, out = run([(0, 9, [replace(reboot, source="user", event_type="Redeploy")])])
+    assert out[0].unannounced is False and out[0].outcome_basis == "user_initiated"
+
+
+def test_a_watched_platform_redeploy_first_seen_started_stays_unannounced() -> None:
+    # The documented shape of a host hardware failure.
+    redeploy = ev("HW", status="Started", event_type="Redeploy", not_before=None, duration=-1)
+    _, out = run([(0, 1, []), (1, 2, [redeploy])])
+    assert out[0].unannounced is True and out[0].outcome_basis == "continuous_watch"
+
+
 def _feed_with_evidence(docs):
     state, out, offset, inc = TrackerState(), [], 0.0, 0
     for step, (inc_delta, evs) in enumerate(docs):
@@ -351,6 +375,9 @@ def test_every_end_carries_a_basis(docs) -> None:
             assert t.outcome_basis
         if t.kind is K.STARTED and t.previous_status is None:
             assert t.outcome_basis and t.unannounced is (t.outcome_basis == "continuous_watch")
+            assert t.event is not None
+            # A user's operation first seen Started is never a surprise, watched or not.
+            assert (t.outcome_basis == "user_initiated") is t.event.is_user_initiated
 
 
 # --- properties with every kind of evidence: approvals, reboots, restarts ---

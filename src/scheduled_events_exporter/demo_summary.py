@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from scheduled_events_exporter.model import Basis
 from scheduled_events_exporter.records import TransitionRecord
 
 
@@ -59,9 +60,11 @@ def summarize(records: Sequence[TransitionRecord], speed: float) -> list[str]:
     for event_id, own in by_event.items():
         event = own[0].transition.event
         assert event is not None
+        # The basis where it tells something: every watched event has continuous_watch.
         chain = " -> ".join(
             r.transition.kind.value
-            + (f" ({r.transition.outcome_basis})" if r.transition.outcome_basis else "")
+            + (f" ({r.transition.outcome_basis})" if r.transition.outcome_basis
+               and r.transition.outcome_basis != Basis.CONTINUOUS_WATCH else "")
             for r in own)
         notice = next((r.transition.notice for r in own if r.transition.notice is not None), None)
         notice_text = ("no notice (first seen already Started)" if notice is None

@@ -272,12 +272,21 @@ def _appearance(
     event: ScheduledEvent, now: datetime, make: _Maker, gap_basis: Basis | None
 ) -> Transition:
     if event.is_started:
+        if event.is_user_initiated:
+            # A user's operation on a VM whose scheduled events policy approves it
+            # automatically (userInitiatedReboot / userInitiatedRedeploy automaticallyApprove)
+            # never goes through Scheduled: Started is its announcement, nothing was missed.
+            return make(TransitionKind.STARTED, event, unannounced=False,
+                        outcome_basis=Basis.USER_INITIATED)
         # Unannounced only if the exporter was watching: after a fresh start or a gap it is
         # just the first sight of an event that may well have been Scheduled meanwhile.
         return make(TransitionKind.STARTED, event, unannounced=gap_basis is None,
                     outcome_basis=gap_basis or Basis.CONTINUOUS_WATCH)
     notice = (event.not_before - now).total_seconds() if event.not_before is not None else None
-    return make(TransitionKind.SCHEDULED, event, notice=notice)
+    # The basis says whether the notice is the whole notice: after a start or a gap the event
+    # may have been Scheduled for a while already, and the notice is only what was left.
+    return make(TransitionKind.SCHEDULED, event, notice=notice,
+                outcome_basis=gap_basis or Basis.CONTINUOUS_WATCH)
 
 
 @dataclass(frozen=True, slots=True)

@@ -376,10 +376,10 @@ def observed_metrics() -> tuple[ObservedMetric, ...]:
 
     wanted = {i.name for i in INSTRUMENTS}
     with Simulator(vm_name="vm-obs") as sim, RotelReceiver() as rotel:
-        sim.set_events([{"EventId": "OBS-1", "EventStatus": "Scheduled", "EventType": "Reboot",
-                         "ResourceType": "VirtualMachine", "Resources": ["vm-obs"],
-                         "NotBefore": "Mon, 11 Apr 2099 22:26:58 GMT", "Description": "",
-                         "EventSource": "User", "DurationInSeconds": 30}])
+        announced = {"EventId": "OBS-1", "EventStatus": "Scheduled", "EventType": "Reboot",
+                     "ResourceType": "VirtualMachine", "Resources": ["vm-obs"],
+                     "NotBefore": "Mon, 11 Apr 2099 22:26:58 GMT", "Description": "",
+                     "EventSource": "User", "DurationInSeconds": 30}
         env = clean_env(
             SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="otlp", SEE_STATE_DIR="", SEE_HEALTH_ADDR="",
             SEE_POLL_INTERVAL="0.5", SEE_APPROVE="user", SEE_APPROVE_DRY_RUN="true",
@@ -388,9 +388,11 @@ def observed_metrics() -> tuple[ObservedMetric, ...]:
             OTEL_EXPORTER_OTLP_TIMEOUT="1", OTEL_METRIC_EXPORT_INTERVAL="1000",
         )
         with ExporterProcess(env) as proc:
-            # Then a host failure while watched: an unannounced start (its per-event gauges
-            # carry the unannounced label).
-            assert sim.wait_for_requests(3, 30, method="GET")
+            # Announced while watched (a first sight's notice is not counted), then a host
+            # failure while watched: an unannounced start (its gauges carry the label).
+            assert sim.wait_for_requests(2, 30, method="GET")
+            sim.set_events([announced])
+            assert sim.wait_for_requests(5, 30, method="GET")
             sim.set_events([*sim.events, {
                 "EventId": "OBS-2", "EventStatus": "Started", "EventType": "Reboot",
                 "ResourceType": "VirtualMachine", "Resources": ["vm-obs"], "NotBefore": "",
