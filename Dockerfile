@@ -4,7 +4,8 @@
 # BASE_IMAGE is any image with python3 (3.10-3.13) and its venv module, the same in both stages
 # (the virtualenv points at the base's interpreter): the official slim images (default), or
 # Debian's own python3 (what the tests build here, docs/container.md). Nothing below depends on
-# the CPU architecture: pip picks the platform's wheels.
+# the CPU architecture: pip picks the platform's wheels. SEE_SHUTDOWN_TIMEOUT is 5 s here (10 s
+# elsewhere): `docker stop` and `podman stop` kill after 10 s, and the whole stop must fit.
 ARG BASE_IMAGE=docker.io/library/python:3.12-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
@@ -31,7 +32,8 @@ ENV PATH=/opt/scheduled-events-exporter/bin:/usr/local/sbin:/usr/local/bin:/usr/
     PYTHONUNBUFFERED=1 \
     HOME=/nonexistent \
     SEE_STATE_DIR=/var/lib/scheduled-events-exporter \
-    SEE_HEALTH_ADDR=0.0.0.0:8080
+    SEE_HEALTH_ADDR=0.0.0.0:8080 \
+    SEE_SHUTDOWN_TIMEOUT=5
 COPY --from=build /opt/scheduled-events-exporter /opt/scheduled-events-exporter
 # uid/gid 65532 ("nonroot", as in distroless images) everywhere: here, config/k8s/, docs. A
 # passwd entry without useradd, which minimal bases lack.

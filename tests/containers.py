@@ -111,7 +111,8 @@ def unique(prefix: str) -> str:
 @contextmanager
 def cleanup(podman: Podman, *, containers: Sequence[str] = (), pods: Sequence[str] = (),
             volumes: Sequence[str] = (), kube: Path | None = None) -> Iterator[None]:
-    """Remove what a test made, whatever happened."""
+    """Remove what a test made, whatever happened (``kube down`` keeps the named volumes a
+    manifest's emptyDir volumes became: pass them in ``volumes``)."""
     try:
         yield
     finally:
@@ -120,7 +121,8 @@ def cleanup(podman: Podman, *, containers: Sequence[str] = (), pods: Sequence[st
         for pod in pods:
             podman("pod", "rm", "-f", "-t", "0", pod, check=False)
         for container in containers:
-            podman("rm", "-f", "-t", "0", container, check=False)
+            # -v: also the anonymous volume the image's VOLUME gives a container without -v.
+            podman("rm", "-f", "-v", "-t", "0", container, check=False)
         for volume in volumes:
             podman("volume", "rm", "-f", volume, check=False)
 

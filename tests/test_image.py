@@ -233,6 +233,28 @@ def test_a_hook_past_its_timeout_loses_its_whole_process_tree(podman: Podman,
             assert proc.proc.wait(30) == 0
 
 
+def test_podman_stop_with_the_collector_down_exits_0_within_its_default_10_s(
+        podman: Podman, image: str) -> None:
+    name = unique("see-stop")
+    with cleanup(podman, containers=[name]), Simulator(vm_name="vm-test") as sim:
+        sim.set_events([event("A"), event("B")])
+        command = podman.command(*run_args(
+            "--name", name, "--network", "host", "-e", f"SEE_IMDS_ENDPOINT={sim.url}",
+            "-e", "SEE_HEALTH_ADDR=", "-e", "SEE_SINKS=otlp",
+            "-e", f"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{free_port()}"), image)
+        with ExporterProcess({}, command=command) as proc:
+            proc.wait_for(lambda: "delivery failed, will retry" in proc.stderr(), 60,
+                          "the collector to be found down")
+            started = time.monotonic()
+            podman("stop", name)  # podman's default: SIGTERM, SIGKILL 10 s later
+            took = time.monotonic() - started
+            assert proc.proc.wait(30) == 0, proc.stderr()[-1500:]
+        assert podman.inspect(name, "{{.State.ExitCode}}") == "0"
+    assert took < 9, f"podman stop took {took:.1f} s"
+    log = proc.stderr()
+    assert "kept in the spool" in log and "shutdown did not finish" not in log, log[-1500:]
+
+
 # --- under the shipped memory limit ----------------------------------------------------------
 
 def _cgroup_memory(host_pid: int) -> dict[str, int]:
@@ -371,6 +393,11 @@ def pod_collector() -> Iterator[list[RotelReceiver]]:
         rotel.stop()
 
 
+def _empty_dirs(pod_spec: dict[str, Any]) -> list[str]:
+    """The volumes ``kube play`` makes of the pod's emptyDir volumes (named as in the spec)."""
+    return [v["name"] for v in pod_spec["volumes"] if "emptyDir" in v]
+
+
 def _play(podman: Podman, manifest: Path, pod: str,
           collectors: list[RotelReceiver]) -> RotelReceiver:
     """``podman kube play`` the manifest with a real OTLP collector on the pod's loopback
@@ -404,7 +431,7 @@ def test_the_sidecar_manifest_under_podman_kube_play(podman: Podman, image: str,
     played.write_text(yaml.safe_dump(manifest))
     podman("tag", image, MANIFEST_IMAGE)
     pod = f"{name}-pod-0"
-    with cleanup(podman, kube=played):
+    with cleanup(podman, kube=played, volumes=_empty_dirs(template)):
         rotel = _play(podman, played, pod, pod_collector)
         _exporter_in_pod(podman, pod, None, rotel)
 
@@ -440,6 +467,6 @@ def test_the_daemonset_pod_template_under_podman_kube_play(
                                       "metadata": {**template["metadata"], "name": pod},
                                       "spec": spec}))
     podman("tag", image, MANIFEST_IMAGE)
-    with cleanup(podman, kube=played):
+    with cleanup(podman, kube=played, volumes=_empty_dirs(spec)):
         rotel = _play(podman, played, pod, pod_collector)
         _exporter_in_pod(podman, pod, host_state, rotel)

@@ -310,7 +310,10 @@ class Exporter:
     def stop(self) -> bool:
         """Stop polling, drain every sink within the shutdown timeout. True if all drained."""
         self._stop_polling.set()
+        # The whole stop fits SEE_SHUTDOWN_TIMEOUT: the sinks drain until shortly before it,
+        # the last metric export takes the rest.
         deadline = time.monotonic() + self.config.shutdown_timeout
+        drain_deadline = deadline - min(1.0, self.config.shutdown_timeout / 10)
         self._thread.join(timeout=min(1.0, self.config.shutdown_timeout))
         if self.approver is not None:
             # A hook still running is killed; finished decisions still ship.
@@ -321,7 +324,7 @@ class Exporter:
             self.committer.commit(self.poller.state, (), self.poller.seq, changed=True)
         drained = True
         for sink in self.sinks:
-            remaining = max(0.0, deadline - time.monotonic())
+            remaining = max(0.0, drain_deadline - time.monotonic())
             if not sink.shutdown(remaining):
                 status = sink.status()
                 kept = self.config.state_dir is not None
@@ -333,7 +336,7 @@ class Exporter:
                 drained = False
         if self.scrape is not None:
             self.scrape.stop()
-        self.telemetry.shutdown(max(0.5, deadline - time.monotonic()))
+        self.telemetry.shutdown(max(0.2, deadline - time.monotonic()))
         if self.health is not None:
             self.health.stop()
         self.client.close()

@@ -110,5 +110,14 @@ class OnChangeMetricReader(MetricReader):
         self._thread.join(timeout=max(0.0, ends - time.monotonic()))
         left_ms = max(0.0, ends - time.monotonic()) * 1000
         if left_ms > 0 and not self._thread.is_alive():  # else an export is stuck: skip ours
-            self._collect_now(left_ms)
+            # The SDK's OTLP exporters retry for their own timeout (10 s) whatever
+            # timeout_millis says; shutting the exporter down ends their retry waits, so the
+            # last export takes what is left and no more (a stop must fit the container's).
+            cut = threading.Timer(left_ms / 1000, self._exporter.shutdown)
+            cut.daemon = True
+            cut.start()
+            try:
+                self._collect_now(left_ms)
+            finally:
+                cut.cancel()
         self._exporter.shutdown(timeout_millis=max(0.0, ends - time.monotonic()) * 1000)

@@ -44,18 +44,25 @@ log = logging.getLogger(__name__)
 
 
 class LastWarning(logging.Handler):
-    """Remembers the last warning the SDK's OTLP exporters logged: the SDK returns a bare
-    FAILURE from ``export``, and says why (status, connection error) only in its own log."""
+    """Remembers the last warning the SDK's OTLP metric exporters logged: the SDK returns a
+    bare FAILURE from ``export``, and says why (status, connection error) only in its own log.
+    Only the metric exporters' loggers count: the log exporter's words would name the wrong
+    signal (its failures are learnt by :mod:`.otlp_errors`)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.message = ""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if "metric_exporter" not in record.name:
+            return
         try:
-            self.message = record.getMessage().splitlines()[0][:200]
+            message = record.getMessage().splitlines()[0][:200]
         except Exception:  # a logging handler must never raise into the SDK
-            self.message = record.msg if isinstance(record.msg, str) else ""
+            message = record.msg if isinstance(record.msg, str) else ""
+        # The SDK ends a retried export with a generic line; the one before says why.
+        if not (self.message and "max retries or shutdown" in message):
+            self.message = message
 
     def take(self) -> str:
         """The last message (then forgotten), or a placeholder."""
@@ -64,7 +71,12 @@ class LastWarning(logging.Handler):
 
 
 _SDK_REASONS = LastWarning()
-logging.getLogger("opentelemetry.exporter.otlp").addHandler(_SDK_REASONS)
+_SDK_LOGGER = logging.getLogger("opentelemetry.exporter.otlp")
+_SDK_LOGGER.addHandler(_SDK_REASONS)
+# Heard here, printed nowhere: the sink reports once per streak in its own words, while the
+# rest of the SDK's logging stays quiet (app.setup_logging).
+_SDK_LOGGER.setLevel(logging.WARNING)
+_SDK_LOGGER.propagate = False
 
 
 class CountingMetricExporter(MetricExporter):
