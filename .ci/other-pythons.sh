@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Pythons of Azure's stock images besides the main one (3.11, which runs the whole suite):
 # Ubuntu 22.04 has 3.10, Ubuntu 24.04 3.12, and 3.13 is current. For each interpreter the
-# machine already has (pyenv or PATH), from a fresh `pip install .` into its own virtualenv:
+# machine already has (pyenv or PATH), from a fresh install of the project's wheel (built once,
+# as `pip install .` would) into its own virtualenv:
 # the pure tests (tracker, parser, config, records, approval rules, simulator) and the demo,
 # which must print scheduled, started, completed and cancelled. rotel-based tests stay on 3.11
 # (its wheel needs a shared libpython that pyenv's 3.12/3.13 builds here lack).
@@ -39,7 +40,7 @@ one() {
   set -e
   "$py" -m venv --clear "$venv"
   # shellcheck disable=SC2046
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check . $(test_pins "$v") 2>&1 \
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel" $(test_pins "$v") 2>&1 \
     | { grep -v "^WARNING: Location .* is ignored" || true; } | cut -c1-300
   echo "-- python $v: $("$venv/bin/python" -V) pure tests"
   # Run from a copy-free path: the installed wheel, not src/, is what is imported.
@@ -60,6 +61,11 @@ one() {
 }
 
 mkdir -p .ci/venvs
+# One wheel for all three: three `pip install .` at once share build/ and collide there.
+rm -rf .ci/venvs/wheel
+"${PYTHON:-python3}" -m pip wheel -q --disable-pip-version-check --no-deps -w .ci/venvs/wheel . 2>&1 \
+  | { grep -v "^WARNING: Location .* is ignored" || true; }
+wheel=$(ls .ci/venvs/wheel/*.whl)
 pids=() names=()
 for v in "${VERSIONS[@]}"; do
   if ! py=$(find_python "$v"); then

@@ -54,9 +54,11 @@ def _schema_dir() -> Path | None:
 SCHEMA_DIR = _schema_dir()
 #: Why the schema tests cannot run here, or "" when they can.
 MISSING = "" if SCHEMA_DIR is not None else (
-    "Azure resource manager schemas not present (set SEE_ARM_SCHEMA_DIR or provide "
-    "../shared/arm-schemas with " + ", ".join(SCHEMA_FILES) + "); fetched material is "
-    "not committed to this repository"
+    "Azure resource manager schemas not present: set SEE_ARM_SCHEMA_DIR to a directory "
+    "holding " + ", ".join(SCHEMA_FILES) + " (from github.com/Azure/"
+    "azure-resource-manager-schemas, schemas/), or put them in shared/arm-schemas beside "
+    "the repository's directory or in tests/consumption/data/arm-schemas; fetched "
+    "material is not committed to this repository"
 )
 BASE_URI = "https://schema.management.azure.com/schemas/"
 DEPLOYMENT_TEMPLATE = BASE_URI + "2019-04-01/deploymentTemplate.json"
