@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
 import socket
 import sys
 import threading
@@ -18,11 +17,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from scheduled_events_exporter.approver import Approver
-from scheduled_events_exporter.boot import read_boot_id
+from scheduled_events_exporter.boot import continuing, host_boot_id
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
@@ -46,18 +44,6 @@ INSTANCE_WAIT = 2.0
 SHUTDOWN_GRACE = 5.0
 #: The exit code of a shutdown the watchdog ended (a restart is safe: nothing is lost).
 EXIT_STUCK = 1
-
-
-def install_signal_handlers(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT request a graceful stop; a second one exits at once."""
-
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            os._exit(128 + signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
 
 
 def exit_if_stuck(seconds: float, spooled: bool = True,
@@ -256,7 +242,7 @@ class Exporter:
             commit=self.committer,
             approver=self.approver,
             metrics_changed=self._metrics_changed,
-            boot_id=read_boot_id(config.boot_id_file),
+            boot_id=self._boot_id(persisted),
         )
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(
@@ -342,6 +328,12 @@ class Exporter:
         self.client.close()
         return drained
 
+    def _boot_id(self, persisted: PersistedState | None) -> str | None:
+        """This boot's identity, written as the state file has it when it is the same boot (a
+        Windows boot instant read again may differ by a clock correction)."""
+        current = host_boot_id(self.config.boot_id_file, enabled=self.config.boot_evidence)
+        return continuing(persisted.tracker.boot_id if persisted else None, current)
+
     def _metrics_changed(self) -> None:
         for sink in self.sinks:
             sink.metrics_changed()
@@ -405,8 +397,9 @@ class Exporter:
         probe.close()
 
 
-def run(config: Config, stop: threading.Event) -> int:
-    """Run until ``stop`` is set; exit code 0 after a clean shutdown."""
+def run(config: Config, stop: threading.Event, finished: threading.Event | None = None) -> int:
+    """Run until ``stop`` is set; exit code 0 after a clean shutdown. ``finished`` is set once
+    the shutdown is done (Windows' console handler waits for it before the OS ends us)."""
     try:
         exporter = Exporter(config)
     except OSError as exc:
@@ -417,6 +410,10 @@ def run(config: Config, stop: threading.Event) -> int:
     stop.wait()
     exit_if_stuck(config.shutdown_timeout + SHUTDOWN_GRACE, config.state_dir is not None)
     log.info("stopping: draining sinks (up to %g s)", config.shutdown_timeout)
-    drained = exporter.stop()
+    try:
+        drained = exporter.stop()
+    finally:
+        if finished is not None:
+            finished.set()
     log.info("stopped%s", "" if drained else " with undelivered records")
     return 0

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent
+from scheduled_events_exporter.platforms.shell import SHELL
 from scheduled_events_exporter.redact import scrub
 
 #: Every variable this module reads; any other ``SEE_APPROVE_*`` is a typo worth reporting.
@@ -220,15 +220,9 @@ def parse_approval_config(env: Mapping[str, str]) -> tuple[ApprovalConfig | None
         )
 
     hook = given.get("SEE_APPROVE_HOOK", "").strip()
-    if hook:
-        try:
-            # /bin/sh will run it; shlex catches the commonest breakage (an unclosed quote)
-            # at start rather than at the first maintenance event.
-            shlex.split(hook)
-        except ValueError as exc:
-            problems.append(
-                f"SEE_APPROVE_HOOK={_show(hook)}: expected a command line for /bin/sh -c ({exc})"
-            )
+    if hook and (problem := SHELL.check(hook)):
+        # Caught at start rather than at the first maintenance event.
+        problems.append(f"SEE_APPROVE_HOOK={_show(hook)}: {problem}")
 
     hook_timeout = 60.0
     raw = given.get("SEE_APPROVE_HOOK_TIMEOUT", "")

@@ -37,12 +37,13 @@ def _run() -> int:
     config = _load()
     if config is None:
         return EXIT_CONFIG
-    from scheduled_events_exporter.app import install_signal_handlers, run, setup_logging
+    from scheduled_events_exporter.app import run, setup_logging
+    from scheduled_events_exporter.platforms import stop as stop_requests
 
     setup_logging(config.log_level)
-    stop = threading.Event()
-    install_signal_handlers(stop)
-    return run(config, stop)
+    stop, finished = threading.Event(), threading.Event()
+    stop_requests.install(stop, finished)
+    return run(config, stop, finished)
 
 
 def _check_config() -> int:

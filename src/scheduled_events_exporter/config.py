@@ -11,6 +11,7 @@ import ipaddress
 import math
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from urllib.parse import SplitResult, urlsplit
 from scheduled_events_exporter import api_versions
 from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_config
 from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.redact import REDACTED, is_secret_name, scrub, shown
 
 SINK_NAMES = ("otlp", "eventhubs", "console")
@@ -100,6 +102,8 @@ class Config:
     prometheus_addr: tuple[str, int] = ("0.0.0.0", 9464)
     #: Where the host's boot id is read (SEE_BOOT_ID_FILE; empty: never claim a reboot).
     boot_id_file: Path | None = DEFAULT_BOOT_ID_FILE
+    #: False when SEE_BOOT_ID_FILE is set empty; with no file, Windows uses the boot instant.
+    boot_evidence: bool = True
     #: Replay only (SEE_CLOCK_START): the wall clock starts here and runs at real speed, so a
     #: recorded document sequence meets the NotBefore times it was captured with.
     clock_start: datetime | None = None
@@ -119,6 +123,13 @@ class Config:
         intervals)."""
         return 3 * self.poll_interval
 
+    def _boot_source(self) -> str:
+        if self.boot_id_file is not None:
+            return str(self.boot_id_file)
+        if self.boot_evidence and sys.platform == "win32":
+            return "(unset: the boot instant, from the tick count)"
+        return "disabled"
+
     def describe(self, env: Mapping[str, str]) -> list[str]:
         """Human-readable effective configuration, secrets redacted (for ``check-config``)."""
         health = f"{self.health_addr[0]}:{self.health_addr[1]}" if self.health_addr else "disabled"
@@ -136,7 +147,7 @@ class Config:
             f"SEE_SPOOL_MAX_RECORDS={self.spool_max_records}",
             f"SEE_SPOOL_MAX_BYTES={self.spool_max_bytes}",
             f"SEE_LOG_LEVEL={self.log_level}",
-            f"SEE_BOOT_ID_FILE={self.boot_id_file or 'disabled'}",
+            f"SEE_BOOT_ID_FILE={self._boot_source()}",
         ]
         if "eventhubs" in self.sinks:
             if self.eventhub_connection_string:
@@ -170,8 +181,15 @@ class Config:
         return lines
 
 
-def default_state_dir(env: Mapping[str, str]) -> Path:
-    """``$XDG_STATE_HOME/scheduled-events-exporter`` (the container image sets SEE_STATE_DIR)."""
+def default_state_dir(env: Mapping[str, str], *, windows: bool = sys.platform == "win32"
+                      ) -> Path:
+    """``%ProgramData%\\scheduled-events-exporter`` on Windows, else
+    ``$XDG_STATE_HOME/scheduled-events-exporter`` (the container image sets SEE_STATE_DIR)."""
+    if windows:
+        # (os.environ's keys are upper case on Windows; a mapping given by hand may not be.)
+        base = next((v for k, v in env.items() if k.upper() == "PROGRAMDATA" and v),
+                    r"C:\ProgramData")
+        return Path(base) / "scheduled-events-exporter"
     base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "scheduled-events-exporter"
 
@@ -350,6 +368,7 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
     raw_boot = env.get("SEE_BOOT_ID_FILE")
     boot_id_file = DEFAULT_BOOT_ID_FILE if raw_boot is None else (
         Path(raw_boot.strip()) if raw_boot.strip() else None)
+    boot_evidence = raw_boot is None or bool(raw_boot.strip())
 
     if env.get("OTEL_EXPORTER_PROMETHEUS_PORT") is not None and \
             not env["OTEL_EXPORTER_PROMETHEUS_PORT"].strip():
@@ -396,6 +415,7 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         metrics_exporters_set=metrics_exporters,
         prometheus_addr=(prometheus_host, prometheus_port),
         boot_id_file=boot_id_file,
+        boot_evidence=boot_evidence,
         clock_start=clock_start,
         warnings=tuple(warnings),
     )
@@ -657,8 +677,11 @@ def _could_write(path: Path) -> str:
 
 
 def _check_writable(path: Path) -> str:
+    problem = FILES.check_dir(path)
+    if problem:
+        return problem
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        FILES.make_dirs(path)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
             pass
     except OSError as exc:

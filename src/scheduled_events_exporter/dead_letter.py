@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.state import append_durably, write_all
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
@@ -82,9 +83,9 @@ class DeadLetterFile:
         """Append one line; raises ``OSError`` (logged once per streak by the watch)."""
         data = letter.to_json()
         with self._lock, self.watch.guard():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            FILES.make_dirs(self.path.parent)
             if _size(self.path) + len(data) > MAX_BYTES:
-                os.replace(self.path, self.path.with_name(FILE_NAME + ".1"))
+                FILES.replace(self.path, self.path.with_name(FILE_NAME + ".1"))
             append_durably(self.path, data)
 
     def probe(self) -> None:
@@ -96,7 +97,7 @@ class DeadLetterFile:
         probe = self.path.with_name(f".{FILE_NAME}.{secrets.token_hex(8)}.probe")
         # Still failing: the watch keeps the fault (and logged the streak once).
         with self._lock, contextlib.suppress(OSError), self.watch.guard():
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = FILES.open_new(probe)
             try:
                 write_all(fd, b"probe\n")
                 os.fsync(fd)

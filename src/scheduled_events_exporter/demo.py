@@ -15,9 +15,10 @@ import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
-from scheduled_events_exporter.app import Exporter, install_signal_handlers, setup_logging
+from scheduled_events_exporter.app import Exporter, setup_logging
 from scheduled_events_exporter.config import ConfigError, load_config
 from scheduled_events_exporter.demo_summary import RecordCollector, summarize
+from scheduled_events_exporter.platforms import stop as stop_requests
 from scheduled_events_exporter.simulator import Simulator
 from scheduled_events_exporter.simulator.scenarios import (
     ScenarioError,
@@ -102,8 +103,8 @@ def main(argv: Sequence[str]) -> int:
         simulator.stop()
         return 2
     setup_logging("INFO")
-    stop = threading.Event()
-    install_signal_handlers(stop)
+    stop, finished = threading.Event(), threading.Event()
+    stop_requests.install(stop, finished)
     speed = args.speed or scenario.speed
     print(
         f"demo: playing scenario {scenario.name!r} ({scenario.real_duration(speed):.0f} s) "
@@ -119,6 +120,7 @@ def main(argv: Sequence[str]) -> int:
         pass
     stop.wait(3 * config.poll_interval)
     exporter.stop()
+    finished.set()
     simulator.stop()
     for line in summarize(collector.snapshot(), speed):
         print(line, file=sys.stderr)

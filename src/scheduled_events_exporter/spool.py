@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, encode_record
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.state import append_durably, write_atomically
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
@@ -31,7 +32,7 @@ class Spool:
 
     def __init__(self, directory: Path, sink: str) -> None:
         self.sink = sink
-        directory.mkdir(parents=True, exist_ok=True)
+        FILES.make_dirs(directory)
         self.log_path = directory / f"{sink}.log"
         self.ack_path = directory / f"{sink}.ack"
         self._lock = threading.Lock()

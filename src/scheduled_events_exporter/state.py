@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, decode_state, encode_record, encode_state
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.tracker import TrackerState
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
@@ -56,8 +57,8 @@ def write_all(fd: int, data: bytes) -> None:
 def append_durably(path: Path, data: bytes) -> None:
     """Append ``data`` and fsync. On failure (a full or read-only disk) the file is cut back to
     its previous size, so a later append never lands after a torn line; ``OSError`` is raised."""
-    # O_NOFOLLOW: a symlink planted in the state directory must not redirect our writes.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    # Never through a link planted in the state directory (platforms.files).
+    fd = FILES.open_append(path)
     try:
         size = os.fstat(fd).st_size
         try:
@@ -82,22 +83,18 @@ def write_atomically(path: Path, data: bytes) -> None:
     # replaces ``path`` itself, a link there included, never its target.
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = FILES.open_new(tmp)
         try:
             write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        FILES.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):  # gone already, or the directory is read-only
             os.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    FILES.sync_dir(path.parent)
 
 
 class StateStore:
@@ -106,7 +103,7 @@ class StateStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / STATE_FILE
-        directory.mkdir(parents=True, exist_ok=True)
+        FILES.make_dirs(directory)
         self.watch = WriteWatch(self.path, "state file",
                                 "the previous state file stays intact and a restart would "
                                 "not know what was seen since")
@@ -148,7 +145,7 @@ class StateStore:
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
             try:
-                os.replace(self.path, aside)
+                FILES.replace(self.path, aside)
             except OSError:
                 aside = self.path
             log.warning(
