@@ -155,6 +155,16 @@ def get_json(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
 
 
+def answers(url: str, status: int | None = None) -> bool:
+    """Whether a JSON endpoint answers at all (or with ``status``): False while nothing listens
+    yet, for :func:`wait_until`."""
+    try:
+        got = get_json(url)[0]
+    except OSError:
+        return False
+    return status is None or got == status
+
+
 def state_dir(tmp_path: Path) -> str:
     path = tmp_path / "state"
     path.mkdir(exist_ok=True)

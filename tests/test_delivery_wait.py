@@ -4,7 +4,8 @@ still count, so a sink that delivers nothing while a flood overflows its spool i
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
@@ -37,13 +38,25 @@ class Collector:
         self.delivered.extend(r.seq for r in records)
 
 
-def test_records_dropped_at_the_bound_keep_counting_as_waiting() -> None:
-    now = [0.0]
-    collector = Collector()
-    worker = DeliveryWorker("otlp", collector, lambda *_: None, max_records=2,
+@contextmanager
+def worker_on(collector: Collector, now: list[float], max_records: int
+              ) -> Iterator[DeliveryWorker]:
+    """A started worker on a test clock (``now[0]``), stopped with the collector up again
+    (its stop waits on that same frozen clock, so it must be able to drain)."""
+    worker = DeliveryWorker("otlp", collector, lambda *_: None, max_records=max_records,
                             clock=lambda: now[0])
     worker.start()
     try:
+        yield worker
+    finally:
+        collector.up = True
+        worker.stop(10)
+
+
+def test_records_dropped_at_the_bound_keep_counting_as_waiting() -> None:
+    now = [0.0]
+    collector = Collector()
+    with worker_on(collector, now, max_records=2) as worker:
         worker.submit([record(1)])
         assert collector.attempted.wait(5)
         for seq in range(2, 8):  # one new record every 10 s; only the newest 2 stay queued
@@ -63,23 +76,14 @@ def test_records_dropped_at_the_bound_keep_counting_as_waiting() -> None:
         worker.submit([record(8)])
         now[0] += 5.0
         assert worker.status().oldest_wait == 5.0
-    finally:
-        collector.up = True  # (stop's deadline is on the frozen test clock: let it drain)
-        worker.stop(10)
 
 
 def test_without_drops_the_oldest_queued_record_sets_the_wait() -> None:
     now = [100.0]
     collector = Collector()
-    worker = DeliveryWorker("otlp", collector, lambda *_: None, max_records=10,
-                            clock=lambda: now[0])
-    worker.start()
-    try:
+    with worker_on(collector, now, max_records=10) as worker:
         worker.submit([record(1)])
         now[0] += 5.0
         worker.submit([record(2)])
         now[0] += 5.0
         assert worker.status().oldest_wait == 10.0 and worker.status().dropped == 0
-    finally:
-        collector.up = True  # (stop's deadline is on the frozen test clock: let it drain)
-        worker.stop(10)

@@ -27,6 +27,7 @@ import pytest
 from scheduled_events_exporter.simulator import Fault, Simulator
 from tests.exporter_process import (
     ExporterProcess,
+    answers,
     clean_env,
     free_port,
     get_json,
@@ -114,7 +115,7 @@ def test_an_empty_200_is_neither_a_document_nor_no_events(sim: Simulator,
     sim.set_raw_document(b"")  # the very first answer
     with ExporterProcess(env(sim, tmp_path, SEE_HEALTH_ADDR=f"127.0.0.1:{health}")) as proc:
         proc.wait_for(lambda: "invalid_document" in proc.stderr(), 30, "the empty body")
-        wait_until(lambda: _answers(f"http://127.0.0.1:{health}/readyz"), 10, "/readyz")
+        wait_until(lambda: answers(f"http://127.0.0.1:{health}/readyz"), 10, "/readyz")
         status, body = get_json(f"http://127.0.0.1:{health}/readyz")
         assert status == 503 and body["imds_last_outcome"] == "invalid_document", body
         sim.set_raw_document(None)
@@ -154,17 +155,9 @@ def test_the_same_document_for_many_polls_says_nothing_new(sim: Simulator,
         assert sim.wait_for_requests(start + 60, 60)  # 60 polls of one unchanged document
         assert get_json(f"http://127.0.0.1:{health}/readyz")[0] == 200
         assert proc.terminate() == 0
-    answers = [e.status for e in sim.requests[start:start + 60]]
-    assert answers.count(304) >= 58, answers  # ETag: the body is not even sent again
+    statuses = [e.status for e in sim.requests[start:start + 60]]
+    assert statuses.count(304) >= 58, statuses  # ETag: the body is not even sent again
     assert transitions(proc.records()) == [("A", "scheduled")]
-
-
-def _answers(url: str) -> bool:
-    try:
-        get_json(url)
-    except OSError:
-        return False
-    return True
 
 
 # --- what a verdict or a number means ---------------------------------------------------------
@@ -230,7 +223,7 @@ def test_410_for_longer_than_documented_is_retried_briskly_and_said_once(
     with ExporterProcess(env(sim, tmp_path, SEE_HEALTH_ADDR=f"127.0.0.1:{health}",
                              SEE_STALENESS_LIMIT="5")) as proc:
         started_at = time.monotonic()
-        wait_until(lambda: _answers(f"http://127.0.0.1:{health}/readyz"), 10, "/readyz")
+        wait_until(lambda: answers(f"http://127.0.0.1:{health}/readyz"), 10, "/readyz")
         wait_until(lambda: get_json(f"http://127.0.0.1:{health}/readyz")[0] == 503 and
                    time.monotonic() - started_at > 6, 30, "not ready while only 410 comes")
         proc.wait_for_records(1, 40)

@@ -37,7 +37,7 @@ from tests.containers import (
     require_podman,
     unique,
 )
-from tests.exporter_process import ExporterProcess, free_port, get_json, wait_until
+from tests.exporter_process import ExporterProcess, answers, free_port, get_json, wait_until
 from tests.peers.rotel import ROTEL_AGENT, RotelReceiver
 from tests.test_hostile import event
 
@@ -293,7 +293,7 @@ def test_under_the_shipped_memory_limit_the_largest_documents_flapping_collector
             "-e", f"SEE_HEALTH_ADDR=127.0.0.1:{health}", "-e", "SEE_LOG_LEVEL=warning"), image)
         rss_peak = 0
         with ExporterProcess({}, command=command) as proc:
-            wait_until(lambda: _answers(f"http://127.0.0.1:{health}/healthz"), 60, "/healthz")
+            wait_until(lambda: answers(f"http://127.0.0.1:{health}/healthz", 200), 60, "/healthz")
             root = int(podman.inspect(name, "{{.State.Pid}}"))
             started, flips = time.monotonic(), 0
             while time.monotonic() - started < 50:
@@ -330,13 +330,6 @@ def test_under_the_shipped_memory_limit_the_largest_documents_flapping_collector
           f"{memory['limit'] / 2**20:.0f} MiB; processes' peak RSS {rss_peak / 2**20:.1f} MiB")
     assert memory["limit"] == LIMIT_MIB * 2**20 and memory["oom_kill"] == 0, memory
     assert flips > 60
-
-
-def _answers(url: str) -> bool:
-    try:
-        return get_json(url)[0] == 200
-    except OSError:
-        return False
 
 
 def _rss(root: int) -> int:
