@@ -386,6 +386,13 @@ def pod_collector() -> Iterator[list[RotelReceiver]]:
         rotel.stop()
 
 
+def _unpublished(pod_spec: dict[str, Any]) -> None:
+    """podman 4.3's kube play publishes every containerPort on the host's same port (8080,
+    9464): the tests probe inside the pod instead, so no host port is taken (or found taken)."""
+    for container in pod_spec["containers"]:
+        container.pop("ports", None)
+
+
 def _empty_dirs(pod_spec: dict[str, Any]) -> list[str]:
     """The volumes ``kube play`` makes of the pod's emptyDir volumes (named as in the spec)."""
     return [v["name"] for v in pod_spec["volumes"] if "emptyDir" in v]
@@ -420,6 +427,7 @@ def test_the_sidecar_manifest_under_podman_kube_play(podman: Podman, image: str,
         else:
             _with_env(container, SEE_IMDS_ENDPOINT="http://127.0.0.1:8099",
                       OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
+    _unpublished(template)
     played = tmp_path / "sidecar.yaml"
     played.write_text(yaml.safe_dump(manifest))
     podman("tag", image, MANIFEST_IMAGE)
@@ -454,6 +462,7 @@ def test_the_daemonset_pod_template_under_podman_kube_play(
     spec["containers"].append({"name": "imds", "image": exporter["image"],
                                "command": ["scheduled-events-exporter"],
                                "args": ["simulate", "--scenario", "live-migration", "--loop"]})
+    _unpublished(spec)
     pod = unique("see-node")
     played = tmp_path / "daemonset-pod.yaml"
     played.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
