@@ -46,7 +46,8 @@ RUN grep -q '^nonroot:' /etc/group || echo 'nonroot:x:65532:' >> /etc/group \
 VOLUME ["/var/lib/scheduled-events-exporter"]
 USER 65532:65532
 EXPOSE 8080
+# /healthz where SEE_HEALTH_ADDR puts it (`probe`: exit 0 on 200).
 HEALTHCHECK --interval=30s --timeout=3s --start-period=150s \
-  CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status == 200 else 1)"]
+  CMD ["scheduled-events-exporter", "probe"]
 ENTRYPOINT ["scheduled-events-exporter"]
 CMD ["run"]

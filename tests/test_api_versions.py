@@ -35,7 +35,7 @@ def test_the_documented_versions_and_what_older_ones_lack() -> None:
     version, warnings = api_versions.check("2019-08-01")
     assert version == "2019-08-01" and "DurationInSeconds" in warnings[0]
     _, warnings = api_versions.check("2017-11-01")
-    assert "EventSource" in warnings[0] and "looks unannounced" in warnings[0]
+    assert "EventSource" in warnings[0] and "it looks unannounced" in warnings[0]
     _, warnings = api_versions.check("2024-05-01")  # newer than the table: usable, said so
     assert "not a version this exporter knows" in warnings[0]
 
@@ -61,14 +61,27 @@ def test_offered_versions_are_read_from_the_structure_only() -> None:
     assert kept is not None and kept[0] == "2021-01-01" and len(kept) <= 50
 
 
-def test_the_advice_names_a_version_to_set_when_one_is_known() -> None:
+def test_the_advice_names_the_version_to_set() -> None:
+    # A version from the current one on keeps its fields: the newest such is the advice.
     line = api_versions.refusal("2020-07-01", ("2023-07-01", "2019-08-01", "2019-01-01"))
-    assert line.startswith("IMDS refuses api-version=2020-07-01 (HTTP 400) and offers: "
-                           "2023-07-01, 2019-08-01, 2019-01-01; set SEE_IMDS_API_VERSION="
-                           "2019-08-01 (the newest offered that this exporter knows)")
-    newer = api_versions.refusal("2020-07-01", ("2023-07-01",))
-    assert "to one of them" in newer and "upgrade the exporter" in newer
-    assert "offers: none listed" in api_versions.refusal("2020-07-01", ())
+    assert line == ("IMDS refuses api-version=2020-07-01 (HTTP 400) and offers: 2023-07-01, "
+                    "2019-08-01, 2019-01-01; set SEE_IMDS_API_VERSION=2023-07-01 (the newest "
+                    "offered; newer than this exporter knows, read by the 2020-07-01 rules). "
+                    "No events are read until then")
+    # Only older ones: the newest this exporter knows, and what its documents lack.
+    older = api_versions.refusal("2020-07-01", ("2019-08-01", "2019-01-01"))
+    assert "set SEE_IMDS_API_VERSION=2019-08-01 (the newest offered that this exporter knows; " \
+           "its documents lack DurationInSeconds) or upgrade the exporter" in older
+    assert "offers: none listed; check SEE_IMDS_API_VERSION" in api_versions.refusal(
+        "2020-07-01", ())
+
+
+def test_an_older_versions_warning_names_only_what_it_lacks() -> None:
+    (warning,) = api_versions.check("2019-08-01")[1]
+    assert "lack DurationInSeconds: records show DurationInSeconds -1;" in warning
+    assert "EventSource" not in warning and "Description" not in warning
+    (warning,) = api_versions.check("2019-04-01")[1]
+    assert "EventSource empty" in warning and "Description" not in warning
 
 
 # --- the client over HTTP ---------------------------------------------------------------------
@@ -139,9 +152,10 @@ def test_a_refused_version_is_one_line_its_own_outcome_and_not_ready_at_once(
     assert len(lines) == 1, lines
     assert lines[0].endswith(
         "ERROR scheduled_events_exporter.poller: IMDS refuses api-version=2020-07-01 (HTTP 400) "
-        "and offers: 2023-07-01, 2021-02-01; set SEE_IMDS_API_VERSION to one of them (newer "
-        "than this exporter knows: check-config says what that means) or upgrade the exporter. "
-        "No events are read until then"), lines[0]
+        "and offers: 2023-07-01, 2021-02-01; set SEE_IMDS_API_VERSION=2023-07-01 (the newest "
+        "offered; newer than this exporter knows, read by the 2020-07-01 rules). No events are "
+        "read until then"), lines[0]
+    assert "has not given a document" not in proc.stderr()  # IMDS answered: no reminder
     assert "IMDS answering again after api_version_refused" in proc.stderr()
     assert [(r["EventId"], r["Transition"]) for r in records] == [("A", "scheduled")]
 

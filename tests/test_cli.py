@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from scheduled_events_exporter import __version__
+from scheduled_events_exporter.simulator import Simulator
 from tests.exporter_process import ExporterProcess, clean_env, free_port, wait_until
 
 SCRIPT = str(Path(sys.executable).with_name("scheduled-events-exporter"))
@@ -25,7 +26,8 @@ def run(*args: str, env: dict[str, str] | None = None,
 
 @pytest.mark.parametrize("args", [("--help",), ("-h",), ("run", "--help"),
                                   ("check-config", "--help"), ("version", "--help"),
-                                  ("demo", "--help"), ("simulate", "--help")])
+                                  ("demo", "--help"), ("simulate", "--help"),
+                                  ("probe", "--help")])
 def test_every_command_answers_help(args: tuple[str, ...]) -> None:
     done = run(*args)
     assert done.returncode == 0, done.stderr
@@ -242,3 +244,20 @@ def test_a_plain_endpoint_gets_no_warning() -> None:
             SEE_STATE_DIR="", SEE_SINKS="otlp", OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
             OTEL_EXPORTER_OTLP_ENDPOINT=endpoint))
         assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
+def test_probe_asks_the_health_server_where_see_health_addr_puts_it(sim: Simulator) -> None:
+    port = free_port()
+    env = clean_env(SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="console", SEE_STATE_DIR="",
+                    SEE_HEALTH_ADDR=f"0.0.0.0:{port}", SEE_POLL_INTERVAL="0.2")
+    with ExporterProcess(env) as proc:
+        wait_until(lambda: run("probe", env=env, timeout=30).returncode == 0, 30, "healthz")
+        ready = run("probe", "readyz", env=env, timeout=30)
+        assert ready.returncode == 0 and '"status": "ready"' in ready.stdout, ready
+        # Another port than the health server's: nothing answers there.
+        elsewhere = run("probe", env={**env, "SEE_HEALTH_ADDR": f"127.0.0.1:{free_port()}"},
+                        timeout=30)
+        assert elsewhere.returncode == 1 and "Connection refused" in elsewhere.stderr
+        assert proc.terminate() == 0
+    disabled = run("probe", env={**env, "SEE_HEALTH_ADDR": ""}, timeout=30)
+    assert disabled.returncode == 2 and "SEE_HEALTH_ADDR" in disabled.stderr

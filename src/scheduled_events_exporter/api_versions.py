@@ -49,11 +49,15 @@ def check(version: str) -> tuple[str, list[str]]:
             f"({', '.join(KNOWN)}); its documents are read by the {DEFAULT} rules, fields "
             f"they do not have are ignored")
     elif KNOWN[version]:
+        lacking = KNOWN[version]
+        defaults = {"DurationInSeconds": "DurationInSeconds -1", "EventSource": "EventSource "
+                    "empty", "Description": "Description empty"}
+        cost = ("; without EventSource a user's automatically approved reboot cannot be told "
+                "from a host failure (it looks unannounced)" if "EventSource" in lacking else "")
         warnings.append(
-            f"SEE_IMDS_API_VERSION={version} documents lack {', '.join(KNOWN[version])}: "
-            f"records show the defaults (DurationInSeconds -1, empty EventSource and "
-            f"Description), and without EventSource a user's automatically approved reboot "
-            f"looks unannounced; prefer {DEFAULT}")
+            f"SEE_IMDS_API_VERSION={version} documents lack {', '.join(lacking)}: records show "
+            f"{', '.join(defaults[f] for f in lacking)}{cost}; prefer {DEFAULT} or newer when "
+            f"IMDS offers it")
     return version, warnings
 
 
@@ -72,15 +76,20 @@ def offered(body: bytes) -> tuple[str, ...] | None:
 
 
 def refusal(sent: str, offers: Sequence[str]) -> str:
-    """One line: the version sent, the versions offered, what to do."""
+    """One line: the version sent, the versions offered, what to do. The advice is the newest
+    offered version from the current one on (later versions keep its fields), else the newest
+    older one this exporter knows (saying what its documents lack)."""
     listed = ", ".join(offers) if offers else "none listed"
-    usable = sorted((v for v in offers if v in KNOWN), reverse=True)
-    if usable:
-        advice = (f"set SEE_IMDS_API_VERSION={usable[0]} (the newest offered that this "
-                  f"exporter knows)")
-    elif offers:
-        advice = ("set SEE_IMDS_API_VERSION to one of them (newer than this exporter knows: "
-                  "check-config says what that means) or upgrade the exporter")
+    current = sorted((v for v in offers if v >= DEFAULT), reverse=True)
+    older = sorted((v for v in offers if v < DEFAULT and v in KNOWN), reverse=True)
+    if current:
+        newer = "" if current[0] in KNOWN else (
+            f"; newer than this exporter knows, read by the {DEFAULT} rules")
+        advice = f"set SEE_IMDS_API_VERSION={current[0]} (the newest offered{newer})"
+    elif older:
+        advice = (f"set SEE_IMDS_API_VERSION={older[0]} (the newest offered that this exporter "
+                  f"knows; its documents lack {', '.join(KNOWN[older[0]])}) or upgrade the "
+                  f"exporter")
     else:
         advice = "check SEE_IMDS_API_VERSION or upgrade the exporter"
     return (f"IMDS refuses api-version={sent} (HTTP 400) and offers: {listed}; {advice}. "

@@ -28,8 +28,9 @@ from scheduled_events_exporter.model import InstanceInfo
 from scheduled_events_exporter.poller import Clock, Poller, Submitter, with_vm_name
 from scheduled_events_exporter.records import TransitionRecord, body, for_log
 from scheduled_events_exporter.sinks import Sink, create_sinks
+from scheduled_events_exporter.spool import waiting_elsewhere
 from scheduled_events_exporter.state import PersistedState, StateStore
-from scheduled_events_exporter.telemetry import Telemetry, build_resource
+from scheduled_events_exporter.telemetry import Telemetry, build_resource, severity
 from scheduled_events_exporter.tracker import TrackerState
 from scheduled_events_exporter.write_faults import WriteFault
 
@@ -92,7 +93,10 @@ class LoggingSink:
     def submit(self, records: Sequence[TransitionRecord]) -> None:
         """Log one line per record (logging is buffered by the stream, never network I/O)."""
         for record in records:
-            log.info("%s: %s", record.event_name, for_log(body(record)))
+            # At INFO whatever the record's own severity (SEE_LOG_LEVEL=warning silences this
+            # copy, not the sinks'), which is named in the line so a reader of stderr sees it.
+            log.info("%s [%s]: %s", record.event_name, severity(record)[1],
+                     for_log(body(record)))
 
 
 class StateCommitter:
@@ -200,6 +204,12 @@ class Exporter:
                 # Repair a crash between committing the state and spooling its records.
                 sink.submit(persisted.outbox)
             seq = max(seq, sink.status().last_seq)
+        if config.state_dir is not None:
+            for name, count in waiting_elsewhere(config.state_dir / "spool", config.sinks):
+                log.warning("spool of sink %s holds %d undelivered records, but %s is not in "
+                            "SEE_SINKS now: they wait there until it is again (delete %s to "
+                            "drop them)", name, count, name,
+                            config.state_dir / "spool" / f"{name}.log")
         if persisted:
             log.info(
                 "state restored: %d known events, incarnation %s, last good document %s",

@@ -46,6 +46,35 @@ def _run() -> int:
     return run(config, stop, finished)
 
 
+def _probe(path: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    from scheduled_events_exporter.config import parse_addr
+
+    raw = os.environ.get("SEE_HEALTH_ADDR", "0.0.0.0:8080").strip()
+    try:
+        host, port = parse_addr(raw) if raw else ("", 0)
+    except ValueError:
+        host = ""
+    if not host:
+        print(f"probe: SEE_HEALTH_ADDR={raw!r}: expected HOST:PORT of a running health server",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            print(answer.read(4096).decode("utf-8", "replace"))
+            return 0 if answer.status == 200 else 1
+    except urllib.error.HTTPError as exc:
+        print(exc.read(4096).decode("utf-8", "replace"))
+        return 1
+    except OSError as exc:
+        print(f"probe: {url}: {exc}", file=sys.stderr)
+        return 1
+
+
 def _check_config() -> int:
     config = _load(create=False)
     if config is None:
@@ -62,6 +91,8 @@ COMMANDS = {
     "demo": "play a scenario against a simulated IMDS on loopback, console output, no Azure "
             "needed",
     "simulate": "serve a simulated IMDS on loopback for your own tests",
+    "probe": "ask the running exporter's /healthz (or /readyz) where SEE_HEALTH_ADDR says: "
+             "exit 0 when it answers 200 (the image's HEALTHCHECK; an exec probe)",
     "version": "print the version",
 }
 
@@ -105,6 +136,14 @@ the effective value of every setting with secrets redacted, and exit: 0 when "ru
 2 with one line per problem otherwise. It creates, writes and connects to nothing.
 """
 
+_PROBE_HELP = """usage: scheduled-events-exporter probe [healthz|readyz]
+
+GET the running exporter's /healthz (default) or /readyz at SEE_HEALTH_ADDR (default
+0.0.0.0:8080, asked on 127.0.0.1 when it listens on every interface) and print the answer.
+Exit codes: 0 when it answers 200; 1 otherwise (503, nothing listening, a timeout of 2 s);
+2 when SEE_HEALTH_ADDR is empty (no health server) or invalid.
+"""
+
 _VERSION_HELP = """usage: scheduled-events-exporter version
 
 Print the exporter's version (also: scheduled-events-exporter --version).
@@ -137,10 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from scheduled_events_exporter.demo import main as demo
 
         return demo(rest)
-    helps = {"run": _RUN_HELP, "check-config": _CHECK_HELP, "version": _VERSION_HELP}
+    helps = {"run": _RUN_HELP, "check-config": _CHECK_HELP, "version": _VERSION_HELP,
+             "probe": _PROBE_HELP}
     if rest in (["-h"], ["--help"]):
         print(helps[command], end="")
         return 0
+    if command == "probe" and rest in ([], ["healthz"], ["readyz"]):
+        return _probe(rest[0] if rest else "healthz")
     if rest:
         print(f"scheduled-events-exporter {command}: unexpected arguments: {' '.join(rest)} "
               f"(it is configured by environment variables; see "

@@ -484,6 +484,11 @@ def _parse_url(text: str) -> str:
     return text
 
 
+def parse_addr(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:port``, ``:port`` for every interface); ``ValueError`` if not."""
+    return _parse_addr(text)
+
+
 def _parse_addr(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:

@@ -111,6 +111,9 @@ def main(argv: Sequence[str]) -> int:
         f"against a simulated IMDS at {simulator.url}: {scenario.description}",
         file=sys.stderr,
     )
+    print(f"demo: the scenario runs x{speed:g}: records measure real seconds (so every notice "
+          f"is far below the documented minimum); the summary adds scenario time",
+          file=sys.stderr)
     collector = RecordCollector()
     exporter = Exporter(config, observers=[collector])
     exporter.start()

@@ -287,6 +287,8 @@ class Poller:
         # once, so a user watching the log is not left with minutes of silence.
         if result.outcome.good or self.last_good_monotonic is not None:
             return
+        if result.outcome is Outcome.API_VERSION_REFUSED:
+            return  # IMDS did answer; its own error line said what to do
         if self._first_poll_monotonic is None:  # the outcome line just said it once
             self._first_poll_monotonic = self._silence_logged = now
             return

@@ -189,17 +189,19 @@ def body(record: TransitionRecord) -> str:
             return (f"{kind} started for {who} ({impact}; user-initiated and approved "
                     f"automatically, so never Scheduled)")
         case TransitionKind.STARTED:
-            how = "unannounced " if t.unannounced else ""
+            how = " unannounced" if t.unannounced else ""
             first = (f" (first seen already started: {t.outcome_basis})"
                      if t.outcome_basis and not t.unannounced else "")
-            return f"{kind} {how}started for {who} ({impact}){first}"
+            return f"{kind} started{how} for {who} ({impact}){first}"
         case TransitionKind.UPDATED:
             fields = ", ".join(c.name for c in t.changes)
             return f"{kind} for {who} updated: {fields}"
         case TransitionKind.COMPLETED if t.observed_start and t.elapsed is not None:
             # Started lasts the platform's whole window (minutes), not the pause itself.
+            pause = (f"the {e.duration} s impact" if e.duration >= 0
+                     else "an impact of unknown length")
             return (f"{kind} completed for {who} (Started for {_span(t.elapsed)}: the "
-                    f"platform's window around the {impact})")
+                    f"platform's window around {pause})")
         case TransitionKind.COMPLETED:
             seen = "" if t.observed_start else f" (start not observed; {t.outcome_basis})"
             return f"{kind} completed for {who}{seen}"

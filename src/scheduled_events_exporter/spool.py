@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, encode_record
@@ -148,6 +148,18 @@ class Spool:
                 "spool %s: ack cursor unreadable (%s); redelivering from the start", self.sink, exc
             )
             return 0
+
+
+def waiting_elsewhere(directory: Path, sinks: Collection[str]) -> list[tuple[str, int]]:
+    """(sink, records) for every spool in ``directory`` of a sink not in ``sinks`` that still
+    holds undelivered records: they wait until that sink is configured again."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in sorted(directory.glob("*.log")):
+        if path.stem not in sinks and (count := len(Spool(directory, path.stem).load())):
+            found.append((path.stem, count))
+    return found
 
 
 def _line_seq(line: bytes) -> int:

@@ -57,9 +57,11 @@ class LastWarning(logging.Handler):
         if "metric_exporter" not in record.name:
             return
         try:
-            message = record.getMessage().splitlines()[0][:200]
+            message = record.getMessage().splitlines()[0]
         except Exception:  # a logging handler must never raise into the SDK
             message = record.msg if isinstance(record.msg, str) else ""
+        if len(message) > 400:  # whole words and a mark, not a cut mid-word
+            message = message[:400].rsplit(" ", 1)[0] + " …"
         # The SDK ends a retried export with a generic line; the one before says why.
         if not (self.message and "max retries or shutdown" in message):
             self.message = message
