@@ -17,7 +17,8 @@ def test_dockerfile_is_non_root_read_only_friendly_and_health_checked() -> None:
     text = (REPO / "Dockerfile").read_text()
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and not users[-1].startswith(("root", "0")), users
-    assert re.search(r"^HEALTHCHECK .*?/healthz", text, re.M | re.S)
+    assert re.search(r'^HEALTHCHECK .*?CMD \["scheduled-events-exporter", "probe"\]', text,
+                     re.M | re.S)
     assert 'ENTRYPOINT ["scheduled-events-exporter"]' in text and 'CMD ["run"]' in text
     assert "SEE_STATE_DIR=/var/lib/scheduled-events-exporter" in text
     assert 'VOLUME ["/var/lib/scheduled-events-exporter"]' in text
