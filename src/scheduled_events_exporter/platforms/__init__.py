@@ -8,8 +8,8 @@ one and never looks at the OS itself (docs/ARCHITECTURE.md, "Platform seams"):
   owner-only access, directory sync);
 - :mod:`.shell`: the approval hook's command line, its environment and its process tree;
 - :mod:`.stop`: which OS requests mean "stop now" (signals; Windows console events);
-- :mod:`.boot`: where the host's boot identity comes from (Linux boot id; Windows boot instant);
-- :mod:`.win32`: the Windows API through ctypes, imported only on Windows.
+- :mod:`.win32`: the Windows API through ctypes, imported only on Windows (also the tick count
+  that :mod:`scheduled_events_exporter.boot` turns into the Windows boot instant).
 
 The Windows logic is plain Python with the OS calls injected, so it is unit-tested on Linux
 (tests whose names contain ``windows``); only :mod:`.win32`'s bindings need Windows to run.
