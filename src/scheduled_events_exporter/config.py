@@ -272,7 +272,7 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
     )
     health: tuple[str, int] | None = get(
         "SEE_HEALTH_ADDR",
-        _parse_addr,
+        parse_addr,
         ("0.0.0.0", 8080),
         "HOST:PORT with a port from 0 to 65535, or empty to disable",
     )
@@ -486,10 +486,6 @@ def _parse_url(text: str) -> str:
 
 def parse_addr(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:port``, ``:port`` for every interface); ``ValueError`` if not."""
-    return _parse_addr(text)
-
-
-def _parse_addr(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(text)

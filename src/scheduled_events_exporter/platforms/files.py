@@ -27,6 +27,9 @@ REPARSE_POINT: Final = 0x400
 #: it; ``P``: nothing inherited from ``%ProgramData%`` (where Users may read by default).
 PRIVATE_DIR_SDDL: Final = "D:P(A;OICI;FA;;;SY)(A;OICI;FA;;;BA)(A;OICI;FA;;;OW)"
 _REPLACE_TRIES: Final = 5
+#: The Microsoft C runtime's flags (os has them only on Windows): no \n -> \r\n translation,
+#: not inherited by child processes (the hook).
+WINDOWS_FLAGS: Final = int(getattr(os, "O_BINARY", 0)) | int(getattr(os, "O_NOINHERIT", 0))
 
 
 class Files(Protocol):
@@ -94,12 +97,12 @@ class WindowsFiles:
         sleep: Callable[[float], None] = time.sleep,
         create_private_directory: Callable[[str, str], None] | None = None,
         mkdir: Callable[[Path], None] = lambda p: p.mkdir(),
+        flags: int = WINDOWS_FLAGS,
     ) -> None:
         self._lstat, self._fstat, self._open, self._close = lstat, fstat, open_fd, close_fd
         self._rename, self._sleep, self._mkdir = rename, sleep, mkdir
         self._create_private = create_private_directory
-        # Binary (no \n -> \r\n translation) and not inherited by the hook's processes.
-        self._flags = getattr(os, "O_BINARY", 0) | getattr(os, "O_NOINHERIT", 0)
+        self._flags = flags
 
     def open_new(self, path: Path) -> int:
         return self._open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | self._flags, 0o600)
