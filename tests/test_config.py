@@ -158,3 +158,22 @@ def test_run_with_bad_config_exits_2_with_one_line_per_problem(tmp_path: Path) -
     assert result.returncode == 2
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("configuration error:")]
     assert len(lines) == 2
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, frozenset()), ("none", frozenset()), ("sinks", {"sinks"}),
+    (" Storage , sinks ", {"sinks", "storage"}),
+])
+def test_readiness_includes_only_what_is_named(tmp_path: Path, value: str | None,
+                                               expected: set[str]) -> None:
+    settings = {} if value is None else {"SEE_READINESS_INCLUDES": value}
+    assert load_config(env(tmp_path, **settings)).readiness_includes == expected
+
+
+@pytest.mark.parametrize("value", ["imds", "sinks,sinks", "none,sinks", "collector", ","])
+def test_readiness_includes_refuses_anything_else(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env(tmp_path, SEE_READINESS_INCLUDES=value))
+    (problem,) = info.value.problems
+    assert problem.startswith(f"SEE_READINESS_INCLUDES={value!r}: expected a comma-separated "
+                              "list of sinks, storage"), problem

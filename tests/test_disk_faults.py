@@ -58,6 +58,7 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
         env = clean_env(
             SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="otlp", SEE_STATE_DIR=STATE_MOUNT,
             SEE_HEALTH_ADDR=health, SEE_POLL_INTERVAL="0.3",
+            SEE_READINESS_INCLUDES="sinks,storage",
             OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="2",
             PYTHONDONTWRITEBYTECODE="1",
         )

@@ -107,6 +107,7 @@ def test_secrets_never_appear_in_logs_health_or_check_config(
         SEE_SINKS="otlp,eventhubs,console",
         SEE_STATE_DIR=state_dir(tmp_path),
         SEE_HEALTH_ADDR=f"127.0.0.1:{port}",
+        SEE_READINESS_INCLUDES="sinks",
         SEE_POLL_INTERVAL="0.3",
         SEE_STALENESS_LIMIT="1",
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",

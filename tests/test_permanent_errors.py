@@ -57,6 +57,7 @@ def otlp_env(sim: Simulator, tmp_path: Path, endpoint: str, protocol: str) -> di
         SEE_SINKS="otlp",
         SEE_STATE_DIR=state_dir(tmp_path),
         SEE_HEALTH_ADDR=f"127.0.0.1:{free_port()}",
+        SEE_READINESS_INCLUDES="sinks",
         SEE_POLL_INTERVAL="0.3",
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL=protocol,

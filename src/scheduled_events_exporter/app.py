@@ -274,6 +274,7 @@ class Exporter:
                     request_timeout=max(config.imds_first_timeout, config.imds_timeout),
                     staleness_limit=config.staleness_limit,
                     write_faults=self._state_faults,
+                    includes=config.readiness_includes,
                 ),
             )
         if not instance.vm_id:

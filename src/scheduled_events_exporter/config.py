@@ -77,6 +77,8 @@ class Config:
     sinks: tuple[str, ...] = ("console",)
     state_dir: Path | None = None
     staleness_limit: float = 30.0
+    #: Downstream checks that also decide /readyz (SEE_READINESS_INCLUDES: sinks, storage).
+    readiness_includes: frozenset[str] = frozenset()
     health_addr: tuple[str, int] | None = ("0.0.0.0", 8080)
     shutdown_timeout: float = 10.0
     spool_max_records: int = 10_000
@@ -142,6 +144,8 @@ class Config:
             f"SEE_SINKS={','.join(self.sinks)}",
             f"SEE_STATE_DIR={self.state_dir or 'disabled'}",
             f"SEE_STALENESS_LIMIT={self.staleness_limit:g}",
+            "SEE_READINESS_INCLUDES="
+            f"{','.join(sorted(self.readiness_includes)) or '(none: IMDS only)'}",
             f"SEE_HEALTH_ADDR={health}",
             f"SEE_SHUTDOWN_TIMEOUT={self.shutdown_timeout:g}",
             f"SEE_SPOOL_MAX_RECORDS={self.spool_max_records}",
@@ -270,6 +274,9 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         16 * 1024 * 1024,
         "bytes, an integer from 65536 to 1073741824",
     )
+    readiness_includes = get(
+        "SEE_READINESS_INCLUDES", _parse_readiness_includes, frozenset[str](),
+        "a comma-separated list of sinks, storage (what else may make /readyz fail), or none")
     health: tuple[str, int] | None = get(
         "SEE_HEALTH_ADDR",
         parse_addr,
@@ -398,6 +405,7 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         sinks=sinks,
         state_dir=state_dir,
         staleness_limit=staleness,
+        readiness_includes=readiness_includes,
         health_addr=health,
         shutdown_timeout=shutdown,
         spool_max_records=spool_max,
@@ -568,6 +576,20 @@ def _parse_sinks(text: str) -> tuple[str, ...]:
     if not names or len(set(names)) != len(names) or any(n not in SINK_NAMES for n in names):
         raise ValueError(text)
     return tuple(names)
+
+
+#: What SEE_READINESS_INCLUDES may name: the downstream checks that may also decide /readyz.
+READINESS_CHECKS = ("sinks", "storage")
+
+
+def _parse_readiness_includes(text: str) -> frozenset[str]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if names == ["none"]:
+        return frozenset()
+    if not names or len(set(names)) != len(names) or any(
+            n not in READINESS_CHECKS for n in names):
+        raise ValueError(text)
+    return frozenset(names)
 
 
 def _parse_metrics_exporters(text: str) -> tuple[str, ...]:

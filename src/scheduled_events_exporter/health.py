@@ -1,12 +1,16 @@
 """``/healthz`` and ``/readyz`` (docs/semantics.md#reliability) with JSON bodies.
 
 ``/healthz``: the process is alive and the poll loop is ticking (not wedged past the longest
-request plus the longest retry delay). ``/readyz``: a good IMDS document within
-``SEE_STALENESS_LIMIT`` and no sink whose oldest undelivered record has waited longer than that
-(an idle sink is healthy), no sink refusing us for a configuration reason (authentication,
-endpoint), and every file under the state directory writable (a full or read-only volume is
-reported with the file and the reason while the exporter goes on from memory). Nothing here
-reads a secret: sink errors are our own messages.
+request plus the longest retry delay). ``/readyz``: the exporter itself works, that is a good
+IMDS document within ``SEE_STALENESS_LIMIT`` and an api-version IMDS accepts.
+
+What happens downstream is reported in ``/readyz``'s body and decides its status only when
+``SEE_READINESS_INCLUDES`` names it (docs/semantics.md#reliability): ``sinks`` (a sink whose oldest
+undelivered record has waited longer than the limit, or that refuses us for a configuration
+reason such as authentication), ``storage`` (a file under the state directory that cannot be
+written; the exporter goes on from memory). A readiness probe that follows the collector would
+take a sidecar's application out of its Service, and stall a DaemonSet's rollout, for as long as
+the telemetry backend is down. Nothing here reads a secret: sink errors are our own messages.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ class HealthInputs:
     next_tick_deadline: Callable[[], float | None] = lambda: None
     #: Whether the poll thread is still running (it never ends on its own).
     loop_alive: Callable[[], bool] = lambda: True
+    #: Downstream checks that also turn /readyz to 503 (SEE_READINESS_INCLUDES); the others
+    #: are reported in the body only.
+    includes: frozenset[str] = frozenset()
 
 
 def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
@@ -72,7 +79,8 @@ def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
 
 
 def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
-    """Whether IMDS data is fresh and every sink delivers, with the detail."""
+    """Whether the exporter itself works (fresh IMDS data), with the detail; a failing sink or
+    an unwritable state file decides the answer only where ``inputs.includes`` names it."""
     now = inputs.monotonic()
     good = inputs.last_good()
     age = None if good is None else now - good
@@ -98,8 +106,7 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
         }
     # A refused api-version will not pass by itself: not ready at once, whatever the age.
     refused = inputs.last_outcome() == Outcome.API_VERSION_REFUSED.value
-    ok = fresh and not failing and not faults and not refused
-    reasons = []
+    reasons: list[str] = []
     if refused:
         reasons.append("IMDS refuses the api-version sent (SEE_IMDS_API_VERSION; see the log)")
     if not fresh:
@@ -108,11 +115,20 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
             if age is None
             else f"last good IMDS document {age:.1f} s ago"
         )
-    reasons.extend(f"sink {name} failing" for name in failing)
-    reasons.extend(f"cannot write {f.file}: {f.error}" for f in faults)
+    downstream = {
+        "sinks": [f"sink {name} failing" for name in failing],
+        "storage": [f"cannot write {f.file}: {f.error}" for f in faults],
+    }
+    warnings: list[str] = []
+    for check, problems in downstream.items():
+        (reasons if check in inputs.includes else warnings).extend(problems)
+    ok = not reasons
     body: dict[str, object] = {
         "status": "ready" if ok else "not ready",
         "reasons": reasons,
+        # Downstream problems that do not decide the status (SEE_READINESS_INCLUDES).
+        "warnings": warnings,
+        "readiness_includes": sorted(inputs.includes),
         "last_good_document_age_seconds": None if age is None else round(age, 3),
         "staleness_limit_seconds": inputs.staleness_limit,
         "imds_last_outcome": inputs.last_outcome(),
