@@ -1,5 +1,5 @@
-"""What ``/readyz`` and ``/healthz`` answer (docs/semantics.md#reliability), as pure functions of what
-the exporter knows: readiness is the exporter's own work (fresh IMDS data, an accepted
+"""What ``/readyz`` and ``/healthz`` answer (docs/semantics.md#reliability), as pure functions
+of what the exporter knows: readiness is the exporter's own work (fresh IMDS data, an accepted
 api-version); a failing sink or an unwritable state file is reported in the body and decides
 the status only when ``SEE_READINESS_INCLUDES`` names it."""
 

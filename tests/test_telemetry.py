@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
@@ -12,9 +13,9 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 
-from scheduled_events_exporter.model import ScheduledEvent
+from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent
 from scheduled_events_exporter.sinks.otlp import CountingMetricExporter
-from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
+from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry, build_resource
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -78,3 +79,21 @@ def test_per_event_series_never_accumulate_past_the_sdk_cardinality_limit() -> N
         assert points(inner, "azure.scheduled_events.pending") == [{"value": 0}]
     finally:
         telemetry.shutdown(1.0)
+
+
+def test_resource_names_the_vm_and_lets_the_environment_override_the_platform(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    instance = InstanceInfo(vm_name="aks-pool-1_3", vm_id="vm-id-1",
+                            resource_group="MC_rg_cluster_westeurope", region="westeurope")
+    attrs = build_resource(instance).attributes
+    assert (attrs["cloud.platform"], attrs["azure.resource_group.name"], attrs["host.id"]) == (
+        "azure.vm", "MC_rg_cluster_westeurope", "vm-id-1")
+    # What the Helm chart sets from the downward API: it adds to and overrides ours.
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES",
+                       "cloud.platform=azure.aks,k8s.node.name=aks-pool-1-vmss000003,"
+                       "k8s.pod.name=see-abcde,k8s.namespace.name=scheduled-events")
+    attrs = build_resource(instance).attributes
+    assert attrs["cloud.platform"] == "azure.aks"
+    assert (attrs["k8s.node.name"], attrs["k8s.pod.name"], attrs["k8s.namespace.name"]) == (
+        "aks-pool-1-vmss000003", "see-abcde", "scheduled-events")
+    assert "azure.resource_group.name" not in build_resource(InstanceInfo()).attributes

@@ -166,8 +166,9 @@ def build_resource(instance: InstanceInfo) -> Resource:
     """OTel resource per semantic conventions.
 
     ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` add to *and override* these (the
-    SDK's ``Resource.create`` alone would let ours win). ``service.instance.id`` defaults to the
-    vmId, so a restart is the same instance to "exporter went silent" alerts.
+    SDK's ``Resource.create`` alone would let ours win): the Helm chart sets ``cloud.platform``
+    to ``azure.aks`` and the ``k8s.*`` attributes that way. ``service.instance.id`` defaults to
+    the vmId, so a restart is the same instance to "exporter went silent" alerts.
     """
     attrs: dict[str, str] = {
         "service.name": "azure-scheduled-events-exporter",
@@ -186,6 +187,8 @@ def build_resource(instance: InstanceInfo) -> Resource:
         "host.type": instance.vm_size,
         "azure.vm.scaleset.name": instance.scale_set_name,
         "azure.vm.sku": instance.vm_size,
+        # On AKS the node resource group (MC_...), not the cluster's (docs/aks.md).
+        "azure.resource_group.name": instance.resource_group,
     }
     attrs.update({k: v for k, v in optional.items() if v})
     return Resource.create(attrs).merge(OTELResourceDetector().detect())
