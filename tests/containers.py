@@ -23,13 +23,16 @@ from pathlib import Path
 
 import pytest
 
+from scheduled_events_exporter import __version__
+from tests.k8s_tools import PUBLISHED_IMAGE
+
 REPO = Path(__file__).resolve().parents[1]
 #: The base every test image is built on (``mmdebstrap``; see :func:`ensure_base`).
 BASE = "localhost/see-test-base:bookworm"
 #: The image under test.
 IMAGE = "localhost/scheduled-events-exporter:test"
-#: What ``config/k8s/`` names as the exporter's image (a placeholder the tests tag).
-MANIFEST_IMAGE = "ghcr.io/example/azure-scheduled-events-exporter:0.1.0"
+#: What the chart and ``config/k8s/`` name as the exporter's image (tagged to the built one).
+MANIFEST_IMAGE = f"{PUBLISHED_IMAGE}:{__version__}"
 STATE = "/var/lib/scheduled-events-exporter"
 
 _CONF = """\

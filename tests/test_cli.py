@@ -27,7 +27,7 @@ def run(*args: str, env: dict[str, str] | None = None,
 @pytest.mark.parametrize("args", [("--help",), ("-h",), ("run", "--help"),
                                   ("check-config", "--help"), ("version", "--help"),
                                   ("demo", "--help"), ("simulate", "--help"),
-                                  ("probe", "--help")])
+                                  ("probe", "--help"), ("init-state-dir", "--help")])
 def test_every_command_answers_help(args: tuple[str, ...]) -> None:
     done = run(*args)
     assert done.returncode == 0, done.stderr
@@ -46,6 +46,34 @@ def test_run_help_names_the_variables_it_reads() -> None:
     text = run("run", "--help").stdout
     for name in ("SEE_IMDS_ENDPOINT", "SEE_SINKS", "SEE_STATE_DIR", "OTEL_EXPORTER_OTLP_"):
         assert name in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_init_state_dir_creates_and_hands_over_the_directory(tmp_path: Path) -> None:
+    target = tmp_path / "host" / "state"
+    done = run("init-state-dir", "--owner", "12345:23456", str(target))
+    assert done.returncode == 0, done.stderr
+    st = target.stat()
+    assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (12345, 23456, "0o700")
+    # Again, already right: nothing to change, still 0. Then the image's user by default.
+    assert run("init-state-dir", "--owner", "12345:23456", str(target)).returncode == 0
+    target.chmod(0o755)
+    done = run("init-state-dir", str(target))
+    assert done.returncode == 0 and "65532:65532, mode 0700" in done.stdout
+    st = target.stat()
+    assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (65532, 65532, "0o700")
+
+
+def test_init_state_dir_refuses_a_symlink_and_bad_arguments(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(elsewhere)
+    done = run("init-state-dir", str(tmp_path / "link"))
+    assert done.returncode == 1 and "link" in done.stderr, done.stderr
+    assert oct(elsewhere.stat().st_mode & 0o7777) == "0o755"
+    for args in ((), ("--owner", "nonroot", "/x"), ("a", "b"), ("--owner",)):
+        done = run("init-state-dir", *args)
+        assert done.returncode == 2 and "expected" in done.stderr, (args, done.stderr)
 
 
 @pytest.mark.parametrize("args", [("--version",), ("version",)])

@@ -314,7 +314,7 @@ def test_under_the_shipped_memory_limit_the_largest_documents_flapping_collector
             assert podman.inspect(name, "{{.State.Running}} {{.State.OOMKilled}}") == \
                 "true false"
             # The collector's outage is reported, and leaves the exporter ready
-            # (SEE_READINESS_INCLUDES unset: docs/semantics.md#health).
+            # (SEE_READINESS_INCLUDES unset: docs/semantics.md#reliability).
             status, body = get_json(f"http://127.0.0.1:{health}/readyz", timeout=5)
             assert (status, body["reasons"], body["warnings"]) == (
                 200, [], ["sink otlp failing"]), body
@@ -360,14 +360,29 @@ def _with_env(container: dict[str, Any], **values: str) -> None:
     container["env"] = env + [{"name": k, "value": v} for k, v in values.items()]
 
 
-def _exporter_in_pod(podman: Podman, pod: str, state_on_host: Path | None,
+def _node_name_from_pod_name(container: dict[str, Any]) -> None:
+    """kube play knows ``fieldRef`` ``metadata.name`` only (not ``spec.nodeName`` nor
+    ``metadata.namespace``): the node's name is the pod's, the namespace a literal."""
+    for variable in container["env"]:
+        if variable["name"] == "NODE_NAME":
+            variable["valueFrom"] = {"fieldRef": {"fieldPath": "metadata.name"}}
+        elif variable["name"] == "POD_NAMESPACE":
+            del variable["valueFrom"]
+            variable["value"] = "played"
+
+
+def _health_port(container: dict[str, Any]) -> int:
+    (addr,) = [e["value"] for e in container["env"] if e["name"] == "SEE_HEALTH_ADDR"]
+    return int(addr.rpartition(":")[2])
+
+
+def _exporter_in_pod(podman: Podman, container: str, health: int, state_on_host: Path | None,
                      rotel: RotelReceiver) -> None:
-    """What both manifests must give: the manifest's user, a read-only root, state written,
+    """What every manifest must give: the manifest's user, a read-only root, state written,
     /readyz and /metrics answering, records at the collector on the pod's loopback."""
-    container = f"{pod}-scheduled-events-exporter"
     root = int(podman.inspect(container, "{{.State.Pid}}"))
-    wait_until(lambda: exec_json(podman, container, "http://127.0.0.1:8080/readyz")[0] == 200,
-               60, "/readyz")
+    wait_until(lambda: exec_json(podman, container, f"http://127.0.0.1:{health}/readyz")[0]
+               == 200, 60, "/readyz")
     status, metrics = exec_json(podman, container, "http://127.0.0.1:9464/metrics")
     assert status == 200 and "azure_scheduled_events_pending" in metrics, metrics[:500]
     procs = namespace_processes(root)
@@ -420,29 +435,82 @@ def _play(podman: Podman, manifest: Path, pod: str,
     return rotel
 
 
+def _as_simulator(container: dict[str, Any]) -> None:
+    """The example's application, here the image's own simulated IMDS on the pod's loopback."""
+    name = container["name"]
+    container.clear()
+    container.update(name=name, image=MANIFEST_IMAGE, command=["scheduled-events-exporter"],
+                     args=["simulate", "--scenario", "live-migration", "--loop"])
+
+
 def test_the_sidecar_manifest_under_podman_kube_play(podman: Podman, image: str,
                                                      tmp_path: Path,
                                                      pod_collector: list[RotelReceiver]) -> None:
+    """The classic sidecar as shipped, and its promise: with the collector down, the exporter
+    stays ready and says why in /readyz (a pod is Ready only when every container is)."""
     manifest = yaml.safe_load((REPO / "config" / "k8s" / "sidecar.yaml").read_text())
     manifest["metadata"]["name"] = name = unique("see-web")
     template = manifest["spec"]["template"]["spec"]
-    for container in template["containers"]:
-        if container["name"] == "app":  # the application: here the image's own simulator
-            container.clear()
-            container.update(name="app", image=MANIFEST_IMAGE,
-                             command=["scheduled-events-exporter"],
-                             args=["simulate", "--scenario", "live-migration", "--loop"])
-        else:
-            _with_env(container, SEE_IMDS_ENDPOINT="http://127.0.0.1:8099",
-                      OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
+    (app, exporter) = template["containers"]
+    assert "readinessProbe" not in exporter, "nothing the exporter depends on may gate the app"
+    _as_simulator(app)
+    _node_name_from_pod_name(exporter)
+    # The staleness limit short, so a sink counts as failing after 5 s instead of 30.
+    _with_env(exporter, SEE_IMDS_ENDPOINT="http://127.0.0.1:8099", SEE_STALENESS_LIMIT="5",
+              OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
+    health = _health_port(exporter)
     _unpublished(template)
     played = tmp_path / "sidecar.yaml"
     played.write_text(yaml.safe_dump(manifest))
     podman("tag", image, MANIFEST_IMAGE)
     pod = f"{name}-pod-0"
+    container = f"{pod}-{exporter['name']}"
     with cleanup(podman, kube=played, volumes=_empty_dirs(template)):
         rotel = _play(podman, played, pod, pod_collector)
-        _exporter_in_pod(podman, pod, None, rotel)
+        _exporter_in_pod(podman, container, health, None, rotel)
+        rotel.stop()  # the collector goes away; the scenario goes on changing the document
+
+        def readyz() -> tuple[int, dict[str, Any]]:
+            status, body = exec_json(podman, container, f"http://127.0.0.1:{health}/readyz")
+            return status, json.loads(body) if status else {}
+
+        wait_until(lambda: readyz()[1].get("warnings") == ["sink otlp failing"], 90,
+                   "/readyz reporting the failing collector", 1.0)
+        status, body = readyz()
+        assert (status, body["status"], body["reasons"]) == (200, "ready", []), body
+        assert body["sinks"]["otlp"]["pending"] > 0, body
+        assert podman.inspect(f"{pod}-app", "{{.State.Running}}") == "true"
+
+
+def test_the_native_sidecar_job_under_podman_kube_play(
+        podman: Podman, image: str, tmp_path: Path,
+        pod_collector: list[RotelReceiver]) -> None:
+    """The native sidecar's container as shipped, in the Job's pod. podman 4.3 plays neither a
+    Job nor an init container with restartPolicy: Always (it would wait for it to exit): the
+    pod template is played as a Pod with the sidecar among the containers, and the batch step
+    is the simulated IMDS."""
+    (job,) = yaml.safe_load_all((REPO / "config" / "k8s" / "native-sidecar-job.yaml")
+                                .read_text())
+    spec = job["spec"]["template"]["spec"]
+    (sidecar,) = spec.pop("initContainers")
+    assert sidecar.pop("restartPolicy") == "Always"
+    (batch,) = spec["containers"]
+    _as_simulator(batch)
+    _node_name_from_pod_name(sidecar)
+    _with_env(sidecar, SEE_IMDS_ENDPOINT="http://127.0.0.1:8099",
+              OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
+    spec["containers"].append(sidecar)
+    spec["restartPolicy"] = "OnFailure"
+    _unpublished(spec)
+    pod = unique("see-job")
+    played = tmp_path / "job-pod.yaml"
+    played.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+                                      "metadata": {**job["spec"]["template"]["metadata"],
+                                                   "name": pod}, "spec": spec}))
+    podman("tag", image, MANIFEST_IMAGE)
+    with cleanup(podman, kube=played, volumes=_empty_dirs(spec)):
+        rotel = _play(podman, played, pod, pod_collector)
+        _exporter_in_pod(podman, f"{pod}-{sidecar['name']}", _health_port(sidecar), None, rotel)
 
 
 def test_the_daemonset_pod_template_under_podman_kube_play(
@@ -462,9 +530,7 @@ def test_the_daemonset_pod_template_under_podman_kube_play(
     # kube play knows fieldRef metadata.name, not spec.nodeName; Event Hubs is left out (its
     # Secret and namespace are Azure's), the rest as shipped.
     exporter["env"] = [e for e in exporter["env"] if not e["name"].startswith("SEE_EVENTHUB")]
-    for variable in exporter["env"]:
-        if variable["name"] == "NODE_NAME":
-            variable["valueFrom"] = {"fieldRef": {"fieldPath": "metadata.name"}}
+    _node_name_from_pod_name(exporter)
     _with_env(exporter, SEE_SINKS="otlp", SEE_IMDS_ENDPOINT="http://127.0.0.1:8099",
               OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
     spec["containers"].append({"name": "imds", "image": exporter["image"],
@@ -479,4 +545,5 @@ def test_the_daemonset_pod_template_under_podman_kube_play(
     podman("tag", image, MANIFEST_IMAGE)
     with cleanup(podman, kube=played, volumes=_empty_dirs(spec)):
         rotel = _play(podman, played, pod, pod_collector)
-        _exporter_in_pod(podman, pod, host_state, rotel)
+        _exporter_in_pod(podman, f"{pod}-{exporter['name']}", _health_port(exporter), host_state,
+                         rotel)

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from scheduled_events_exporter.config import load_config
+from tests.k8s_tools import PUBLISHED_IMAGE
 
 K8S = Path(__file__).resolve().parents[1] / "config" / "k8s"
-IMAGE_PREFIX = "ghcr.io/example/azure-scheduled-events-exporter:"
+IMAGE_PREFIX = f"{PUBLISHED_IMAGE}:"
 
 
 def docs(path: Path) -> list[dict[str, Any]]:

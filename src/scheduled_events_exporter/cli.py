@@ -1,4 +1,5 @@
-"""Command line: ``run`` (default), ``check-config``, ``simulate``, ``demo``, ``version``."""
+"""Command line: ``run`` (default), ``check-config``, ``simulate``, ``demo``, ``probe``,
+``init-state-dir``, ``version``."""
 
 from __future__ import annotations
 
@@ -75,6 +76,51 @@ def _probe(path: str) -> int:
         return 1
 
 
+#: The image's user and group (uid 65532, "nonroot" as in distroless images).
+IMAGE_OWNER = (65532, 65532)
+
+
+def _init_state_dir(args: list[str]) -> int:
+    """Create ``DIR`` if missing and hand it to ``UID:GID`` with mode 0700: the DaemonSet's
+    root init step for a hostPath state directory (which the kubelet creates root-owned). It
+    needs CAP_CHOWN (and CAP_FOWNER once the directory belongs to someone else), no shell, and
+    touches nothing inside the directory. A symbolic link in its place is refused."""
+    owner = IMAGE_OWNER
+    if len(args) == 3 and args[0] == "--owner":
+        uid, sep, gid = args[1].partition(":")
+        if not (sep and uid.isdigit() and gid.isdigit()):
+            print(f"init-state-dir: --owner {args[1]!r}: expected UID:GID, e.g. 65532:65532",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        owner, args = (int(uid), int(gid)), args[2:]
+    if len(args) != 1 or args[0].startswith("-"):
+        print("init-state-dir: expected [--owner UID:GID] DIR (see --help)", file=sys.stderr)
+        return EXIT_CONFIG
+    if sys.platform == "win32":
+        print("init-state-dir: POSIX only (on Windows the service creates its state directory "
+              "with a protected ACL)", file=sys.stderr)
+        return EXIT_CONFIG
+    path = args[0]
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            if (st.st_uid, st.st_gid) != owner or st.st_mode & 0o7777 != 0o700:
+                # Mode first, while the caller may still own it; then the owner.
+                os.fchmod(fd, 0o700)
+                os.fchown(fd, *owner)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        print(f"init-state-dir: {path}: {exc.strerror or exc} (expected a directory this "
+              "process may create and chown: root with CAP_CHOWN and CAP_FOWNER)",
+              file=sys.stderr)
+        return 1
+    print(f"init-state-dir: {path} belongs to {owner[0]}:{owner[1]}, mode 0700")
+    return 0
+
+
 def _check_config() -> int:
     config = _load(create=False)
     if config is None:
@@ -93,6 +139,8 @@ COMMANDS = {
     "simulate": "serve a simulated IMDS on loopback for your own tests",
     "probe": "ask the running exporter's /healthz (or /readyz) where SEE_HEALTH_ADDR says: "
              "exit 0 when it answers 200 (the image's HEALTHCHECK; an exec probe)",
+    "init-state-dir": "create a state directory and hand it to the image's user (65532) with "
+                      "mode 0700: the DaemonSet's init step for a hostPath, no shell needed",
     "version": "print the version",
 }
 
@@ -144,6 +192,15 @@ Exit codes: 0 when it answers 200; 1 otherwise (503, nothing listening, a timeou
 2 when SEE_HEALTH_ADDR is empty (no health server) or invalid.
 """
 
+_INIT_STATE_DIR_HELP = """usage: scheduled-events-exporter init-state-dir [--owner UID:GID] DIR
+
+Create DIR if it is missing and give it to UID:GID (default 65532:65532, the image's user) with
+mode 0700; nothing inside it is touched. For a Kubernetes init container that prepares a
+hostPath state directory (the kubelet creates it root-owned): run as root with the CHOWN and
+FOWNER capabilities only. Exit codes: 0 done; 1 the directory could not be made or changed
+(the line says why); 2 wrong arguments.
+"""
+
 _VERSION_HELP = """usage: scheduled-events-exporter version
 
 Print the exporter's version (also: scheduled-events-exporter --version).
@@ -177,10 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo(rest)
     helps = {"run": _RUN_HELP, "check-config": _CHECK_HELP, "version": _VERSION_HELP,
-             "probe": _PROBE_HELP}
+             "probe": _PROBE_HELP, "init-state-dir": _INIT_STATE_DIR_HELP}
     if rest in (["-h"], ["--help"]):
         print(helps[command], end="")
         return 0
+    if command == "init-state-dir":
+        return _init_state_dir(rest)
     if command == "probe" and rest in ([], ["healthz"], ["readyz"]):
         return _probe(rest[0] if rest else "healthz")
     if rest:

@@ -641,6 +641,7 @@ K8S_KINDS: Mapping[str, tuple[str, str]] = {
     "Secret": ("core/v1", "Secret"),
     "ConfigMap": ("core/v1", "ConfigMap"),
     "NetworkPolicy": ("networking/v1", "NetworkPolicy"),
+    "Job": ("batch/v1", "Job"),
 }
 
 

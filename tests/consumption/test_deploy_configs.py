@@ -11,15 +11,17 @@ from typing import Any
 import pytest
 import yaml
 
+from scheduled_events_exporter import __version__
 from tests.consumption import consumption_helpers as ch
+from tests.k8s_tools import PUBLISHED_IMAGE
 
-IMAGE = "ghcr.io/example/azure-scheduled-events-exporter:0.1.0"
+IMAGE = f"{PUBLISHED_IMAGE}:{__version__}"
 STATE_DIR = "/var/lib/scheduled-events-exporter"
 KNOWN_ENV = re.compile(
     r"SEE_(IMDS_ENDPOINT|POLL_INTERVAL|SINKS|STATE_DIR|HEALTH_ADDR|EVENTHUB_NAMESPACE|EVENTHUB_NAME"
     r"|EVENTHUB_METRICS_NAME|EVENTHUB_HEARTBEAT|EVENTHUB_CONNECTION_STRING|SHUTDOWN_TIMEOUT"
-    r"|STALENESS_LIMIT|SPOOL_MAX_\w+|APPROVE\w*)"
-    r"|OTEL_\w+|POD_NAME|NODE_NAME"
+    r"|STALENESS_LIMIT|READINESS_INCLUDES|LOG_LEVEL|SPOOL_MAX_\w+|APPROVE\w*)"
+    r"|OTEL_\w+|POD_NAME|NODE_NAME|POD_NAMESPACE"
 )
 
 
@@ -30,7 +32,8 @@ def test_manifests_type_check(tsc_errors: dict[str, list[str]]) -> None:
 
 def workloads() -> list[tuple[str, dict[str, Any]]]:
     return [
-        (w, d) for w, d in ch.k8s_documents() if d["kind"] in ("Deployment", "DaemonSet", "Pod")
+        (w, d) for w, d in ch.k8s_documents()
+        if d["kind"] in ("Deployment", "DaemonSet", "Pod", "Job")
     ]
 
 
@@ -40,8 +43,9 @@ def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def exporter(doc: dict[str, Any]) -> dict[str, Any]:
-    containers: list[dict[str, Any]] = pod_spec(doc)["containers"]
-    (container,) = [c for c in containers if c["image"] == IMAGE]
+    spec = pod_spec(doc)
+    containers: list[dict[str, Any]] = [*spec.get("initContainers", []), *spec["containers"]]
+    (container,) = [c for c in containers if c["image"] == IMAGE and c["args"] == ["run"]]
     return container
 
 
@@ -50,6 +54,9 @@ def test_there_is_a_sidecar_and_a_daemonset() -> None:
     assert "DaemonSet" in kinds
     sidecar = [d for _, d in workloads() if len(pod_spec(d)["containers"]) > 1]
     assert sidecar, "no pod with an app container next to the exporter"
+    native = [d for _, d in workloads() if d["kind"] == "Job"
+              and pod_spec(d)["initContainers"][0].get("restartPolicy") == "Always"]
+    assert native, "no native sidecar (an init container with restartPolicy: Always)"
 
 
 @pytest.mark.parametrize(("where", "doc"), workloads(), ids=[w for w, _ in workloads()])
@@ -69,15 +76,22 @@ def test_exporter_container(where: str, doc: dict[str, Any]) -> None:
     # docs/security.md: 192Mi carries the largest document the parser accepts on either protocol.
     assert resources["limits"]["memory"] == "192Mi"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    env = {e["name"]: e for e in c["env"]}
+    health_port = int(env["SEE_HEALTH_ADDR"]["value"].rpartition(":")[2])
+    # Readiness only where nothing else depends on it: a DaemonSet; a sidecar's readiness would
+    # be its application's (docs/kubernetes.md).
+    probes = [("livenessProbe", "/healthz")]
+    if doc["kind"] == "DaemonSet":
+        probes.append(("readinessProbe", "/readyz"))
+    else:
+        assert "readinessProbe" not in c, where
+    for probe, path in probes:
         get = c[probe]["httpGet"]
         assert get["path"] == path
-        assert ports.get(get["port"], get["port"]) == 8080
-    env = {e["name"]: e for e in c["env"]}
+        assert ports.get(get["port"], get["port"]) == health_port
     for name in env:
         assert KNOWN_ENV.fullmatch(name), f"unknown variable {name}"
     assert env["SEE_STATE_DIR"]["value"] == STATE_DIR
-    assert env["SEE_HEALTH_ADDR"]["value"].endswith(":8080")
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
     state = volumes[mounts[STATE_DIR]]

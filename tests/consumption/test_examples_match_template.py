@@ -1,17 +1,20 @@
-"""The deployment examples (config/k8s, config/systemd) are working deployments of the Event Hubs
-ingestion template as shipped: same hub names, credentials required where the sink needs them,
-and each passes check-config with its own variables (plus a dummy credential)."""
+"""The deployment examples (config/k8s, the Helm chart's Event Hubs values, config/systemd) are
+working deployments of the Event Hubs ingestion template as shipped: same hub names, credentials
+required where the sink needs them, and each passes check-config with its own variables (plus a
+dummy credential)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.k8s_tools import CHART, render
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = json.loads((REPO / "config" / "azure" / "event-hubs-ingestion.json").read_text())
@@ -24,14 +27,26 @@ def default(parameter: str) -> str:
     return str(TEMPLATE["parameters"][parameter]["defaultValue"])
 
 
+CHART_EVENTHUBS_VALUES = sorted((CHART / "ci").glob("eventhubs-*-values.yaml"))
+
+
+def exporters_in(where: str, text: str) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for doc in yaml.safe_load_all(text):
+        spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            if container.get("args") == ["run"]:
+                found.append((where, container))
+    return found
+
+
 def exporter_containers() -> list[tuple[str, dict[str, Any]]]:
+    """The exporters of config/k8s/ and of the chart rendered with its Event Hubs values."""
     found = []
     for path in sorted((REPO / "config" / "k8s").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
-            for container in spec.get("containers", []):
-                if container.get("args") == ["run"]:
-                    found.append((path.name, container))
+        found += exporters_in(path.name, path.read_text())
+    for values in CHART_EVENTHUBS_VALUES:
+        found += exporters_in(f"chart -f {values.name}", render("-f", str(values)))
     return found
 
 
@@ -57,17 +72,23 @@ def check_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
-def test_there_are_examples_with_the_eventhubs_sink() -> None:
-    assert any("eventhubs" in env_of(c).get("SEE_SINKS", {}).get("value", "")
-               for _, c in exporter_containers())
+def test_the_chart_has_event_hubs_examples_by_secret_and_by_identity() -> None:
+    with_eventhubs = [(w, c) for w, c in exporter_containers()
+                      if "eventhubs" in env_of(c).get("SEE_SINKS", {}).get("value", "")]
+    credentials = {"SEE_EVENTHUB_CONNECTION_STRING" in env_of(c) for _, c in with_eventhubs}
+    assert credentials == {True, False}, with_eventhubs
 
 
-@pytest.mark.parametrize(("where", "container"), exporter_containers(), ids=lambda v: str(v)[:40])
-def test_kubernetes_examples_match_the_template(where: str, container: dict[str, Any]) -> None:
+def test_kubernetes_examples_match_the_template() -> None:
+    checked = [check_example(where, c) for where, c in exporter_containers()]
+    assert sum(checked) >= 2
+
+
+def check_example(where: str, container: dict[str, Any]) -> bool:
     env = env_of(container)
     sinks = env.get("SEE_SINKS", {}).get("value", "")
     if "eventhubs" not in sinks:
-        return
+        return False
     assert env["SEE_EVENTHUB_NAME"]["value"] == default("eventHubName")
     assert env["SEE_EVENTHUB_METRICS_NAME"]["value"] == default("metricsEventHubName")
     credential = env.get("SEE_EVENTHUB_CONNECTION_STRING", {}).get("valueFrom", {})
@@ -75,11 +96,13 @@ def test_kubernetes_examples_match_the_template(where: str, container: dict[str,
     assert ref or "SEE_EVENTHUB_NAMESPACE" in env, "the eventhubs sink needs a credential"
     assert ref.get("optional") is not True, "an optional Secret makes every pod crash-loop"
     values = {k: str(v["value"]) for k, v in env.items() if "value" in v}
-    values = {k: v.replace("$(NODE_NAME)", "node").replace("$(POD_NAME)", "pod")
-              for k, v in values.items()}
+    values = {k: re.sub(r"\$\((\w+)\)", "x", v) for k, v in values.items()}
     values |= {"SEE_EVENTHUB_CONNECTION_STRING": DUMMY, "SEE_STATE_DIR": ""}
+    if "SEE_EVENTHUB_NAMESPACE" in env:
+        del values["SEE_EVENTHUB_CONNECTION_STRING"]
     done = check_config(values)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, f"{where}: {done.stderr}"
+    return True
 
 
 def test_systemd_example_matches_the_template() -> None:

@@ -1,0 +1,231 @@
+{{/* Names, labels and the exporter's container, shared by every template. */}}
+
+{{- define "see.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "see.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "see.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "see.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "see.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "see.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "see.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "see.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image reference: by digest when one is given. */}}
+{{- define "see.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The sinks in effect, as SEE_SINKS lists them. */}}
+{{- define "see.sinks" -}}
+{{- $sinks := list }}
+{{- if .Values.otlp.enabled }}{{ $sinks = append $sinks "otlp" }}{{ end }}
+{{- if .Values.eventhubs.enabled }}{{ $sinks = append $sinks "eventhubs" }}{{ end }}
+{{- $console := .Values.console.enabled }}
+{{- if or $console (and (kindIs "invalid" $console) (empty $sinks)) }}
+{{- $sinks = append $sinks "console" }}
+{{- end }}
+{{- if empty $sinks }}
+{{- fail "no sink is enabled: enable otlp, eventhubs or console (console.enabled: true writes records to the pod's log)" }}
+{{- end }}
+{{- join "," $sinks }}
+{{- end }}
+
+{{- define "see.metricsExporters" -}}
+{{- $exporters := list }}
+{{- if and .Values.otlp.enabled .Values.otlp.metrics }}{{ $exporters = append $exporters "otlp" }}{{ end }}
+{{- if .Values.prometheus.enabled }}{{ $exporters = append $exporters "prometheus" }}{{ end }}
+{{- if and .Values.otlp.metrics (not .Values.otlp.enabled) }}
+{{- fail "otlp.metrics: true needs otlp.enabled: true (metrics go to the same collector)" }}
+{{- end }}
+{{- default "none" (join "," $exporters) }}
+{{- end }}
+
+{{/* Checks the values cannot express in values.schema.json, with a line that says what to set. */}}
+{{- define "see.validate" -}}
+{{- $eh := .Values.eventhubs }}
+{{- if $eh.enabled }}
+{{- if and $eh.existingSecret.name $eh.workloadIdentity.enabled }}
+{{- fail "eventhubs: set either existingSecret.name (a connection string) or workloadIdentity.enabled, not both" }}
+{{- end }}
+{{- if not (or $eh.existingSecret.name $eh.workloadIdentity.enabled) }}
+{{- fail "eventhubs.enabled needs a credential: eventhubs.existingSecret.name (a Secret holding a connection string) or eventhubs.workloadIdentity (enabled, namespace, clientId)" }}
+{{- end }}
+{{- if and $eh.workloadIdentity.enabled (not (and $eh.workloadIdentity.namespace $eh.workloadIdentity.clientId)) }}
+{{- fail "eventhubs.workloadIdentity needs namespace (e.g. myns.servicebus.windows.net) and clientId (the managed identity's client id)" }}
+{{- end }}
+{{- end }}
+{{- if eq (int .Values.ports.health) (int .Values.ports.metrics) }}
+{{- fail (printf "ports.health and ports.metrics are both %v: the health and metrics servers need a port each" .Values.ports.health) }}
+{{- end }}
+{{- if and .Values.serviceMonitor.enabled (not .Values.service.enabled) }}
+{{- fail "serviceMonitor.enabled needs service.enabled: true (a ServiceMonitor selects a Service)" }}
+{{- end }}
+{{- if and (or .Values.podMonitor.enabled .Values.serviceMonitor.enabled) (not .Values.prometheus.enabled) }}
+{{- fail "podMonitor/serviceMonitor scrape /metrics: set prometheus.enabled: true" }}
+{{- end }}
+{{- $names := dict }}
+{{- range .Values.extraEnv }}
+{{- if hasKey $names .name }}
+{{- fail (printf "extraEnv names %s twice" .name) }}
+{{- end }}
+{{- $_ := set $names .name true }}
+{{- end }}
+{{- end }}
+
+{{/* OTEL_RESOURCE_ATTRIBUTES: where this pod runs, from the downward API (NODE_NAME, POD_NAME
+     and POD_NAMESPACE are set before it, so $(...) expands), plus config.resourceAttributes. */}}
+{{- define "see.resourceAttributes" -}}
+{{- $attrs := list (printf "service.instance.id=%s" .Values.config.serviceInstanceId) "k8s.node.name=$(NODE_NAME)" "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" (printf "cloud.platform=%s" .Values.config.cloudPlatform) }}
+{{- range $key, $value := .Values.config.resourceAttributes }}
+{{- $attrs = append $attrs (printf "%s=%s" $key (toString $value)) }}
+{{- end }}
+{{- join "," $attrs }}
+{{- end }}
+
+{{/* The exporter's environment: the chart's variables, each replaced by an extraEnv entry of the
+     same name, then extraEnv. No name appears twice (server-side apply refuses that). */}}
+{{- define "see.env" -}}
+{{- $v := .Values }}
+{{- $env := list }}
+{{- $env = append $env (dict "name" "NODE_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))) }}
+{{- $env = append $env (dict "name" "POD_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name"))) }}
+{{- $env = append $env (dict "name" "POD_NAMESPACE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) }}
+{{- $env = append $env (dict "name" "SEE_SINKS" "value" (include "see.sinks" .)) }}
+{{- $env = append $env (dict "name" "SEE_POLL_INTERVAL" "value" (toString $v.config.pollInterval)) }}
+{{- $env = append $env (dict "name" "SEE_IMDS_ENDPOINT" "value" $v.config.imdsEndpoint) }}
+{{- $env = append $env (dict "name" "SEE_STATE_DIR" "value" "/var/lib/scheduled-events-exporter") }}
+{{- $env = append $env (dict "name" "SEE_HEALTH_ADDR" "value" (printf "0.0.0.0:%v" $v.ports.health)) }}
+{{- $env = append $env (dict "name" "SEE_STALENESS_LIMIT" "value" (toString $v.config.stalenessLimit)) }}
+{{- if $v.config.readinessIncludes }}
+{{- $env = append $env (dict "name" "SEE_READINESS_INCLUDES" "value" (join "," $v.config.readinessIncludes)) }}
+{{- end }}
+{{- $env = append $env (dict "name" "SEE_SHUTDOWN_TIMEOUT" "value" (toString $v.config.shutdownTimeout)) }}
+{{- $env = append $env (dict "name" "SEE_LOG_LEVEL" "value" $v.config.logLevel) }}
+{{- $env = append $env (dict "name" "OTEL_SERVICE_NAME" "value" $v.config.serviceName) }}
+{{- $env = append $env (dict "name" "OTEL_RESOURCE_ATTRIBUTES" "value" (include "see.resourceAttributes" .)) }}
+{{- $env = append $env (dict "name" "OTEL_METRICS_EXPORTER" "value" (include "see.metricsExporters" .)) }}
+{{- if $v.prometheus.enabled }}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_PROMETHEUS_HOST" "value" "0.0.0.0") }}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_PROMETHEUS_PORT" "value" (toString $v.ports.metrics)) }}
+{{- end }}
+{{- if $v.otlp.enabled }}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_OTLP_ENDPOINT" "value" $v.otlp.endpoint) }}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_OTLP_PROTOCOL" "value" $v.otlp.protocol) }}
+{{- if $v.otlp.headersSecret.name }}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_OTLP_HEADERS" "valueFrom" (dict "secretKeyRef" (dict "name" $v.otlp.headersSecret.name "key" $v.otlp.headersSecret.key))) }}
+{{- end }}
+{{- end }}
+{{- if $v.eventhubs.enabled }}
+{{- if $v.eventhubs.existingSecret.name }}
+{{- $env = append $env (dict "name" "SEE_EVENTHUB_CONNECTION_STRING" "valueFrom" (dict "secretKeyRef" (dict "name" $v.eventhubs.existingSecret.name "key" $v.eventhubs.existingSecret.key))) }}
+{{- else }}
+{{- $env = append $env (dict "name" "SEE_EVENTHUB_NAMESPACE" "value" $v.eventhubs.workloadIdentity.namespace) }}
+{{- end }}
+{{- $env = append $env (dict "name" "SEE_EVENTHUB_NAME" "value" $v.eventhubs.name) }}
+{{- if $v.eventhubs.metricsName }}
+{{- $env = append $env (dict "name" "SEE_EVENTHUB_METRICS_NAME" "value" $v.eventhubs.metricsName) }}
+{{- end }}
+{{- end }}
+{{- $replaced := dict }}
+{{- range $v.extraEnv }}{{ $_ := set $replaced .name true }}{{ end }}
+{{- $out := list }}
+{{- range $env }}
+{{- if not (hasKey $replaced .name) }}{{ $out = append $out . }}{{ end }}
+{{- end }}
+{{- toYaml (concat $out $v.extraEnv) }}
+{{- end }}
+
+{{/* The exporter's container: the DaemonSet's, and the one config/k8s/'s sidecar examples are
+     rendered from (tools/render_k8s.py). */}}
+{{- define "see.container" -}}
+name: scheduled-events-exporter
+image: {{ include "see.image" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+command: ["scheduled-events-exporter"]
+args: ["run"]
+env:
+  {{- include "see.env" . | nindent 2 }}
+ports:
+  - name: health
+    containerPort: {{ .Values.ports.health }}
+    protocol: TCP
+  {{- if .Values.prometheus.enabled }}
+  - name: metrics
+    containerPort: {{ .Values.ports.metrics }}
+    protocol: TCP
+  {{- end }}
+# /healthz: the poll loop is alive (only a wedged exporter fails it; the kubelet restarts it).
+livenessProbe:
+  httpGet: {path: /healthz, port: health}
+  {{- toYaml .Values.livenessProbe | nindent 2 }}
+readinessProbe:
+  httpGet: {path: /readyz, port: health}
+  {{- toYaml .Values.readinessProbe | nindent 2 }}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+resources:
+  {{- toYaml .Values.resources | nindent 2 }}
+volumeMounts:
+  - name: state
+    mountPath: /var/lib/scheduled-events-exporter
+  - name: tmp
+    mountPath: /tmp
+  {{- with .Values.extraVolumeMounts }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+
+{{/* checkov findings this configuration accepts, each with its reason (docs/kubernetes.md). Only
+     the checks that fail with these values are listed: a test renders without them and expects
+     each to fail. */}}
+{{- define "see.checkovSkips" -}}
+{{- $skips := list }}
+{{- if not .Values.image.digest }}
+{{- $skips = append $skips "CKV_K8S_43=The image is named by the exporter's version, a tag each release publishes once and signs (docs/releasing.md); set image.digest to pin it by digest" }}
+{{- if ne .Values.image.pullPolicy "Always" }}
+{{- $skips = append $skips "CKV_K8S_15=A version tag is never republished, so IfNotPresent pulls it once per node; set image.digest, or pullPolicy Always" }}
+{{- end }}
+{{- end }}
+{{- if or .Values.eventhubs.existingSecret.name .Values.otlp.headersSecret.name }}
+{{- $skips = append $skips "CKV_K8S_35=The exporter reads its settings from environment variables only; eventhubs.workloadIdentity needs no secret" }}
+{{- end }}
+{{- if eq .Values.state.type "hostPath" }}
+{{- $skips = append $skips "CKV_K8S_25=The init step adds CHOWN and FOWNER, all else dropped, to change the owner and mode of the state directory only" }}
+{{- end }}
+{{- if .Values.hostNetwork }}
+{{- $skips = append $skips "CKV_K8S_19=hostNetwork is chosen: on clusters with the IMDS restriction only host-network pods reach IMDS (docs/aks.md)" }}
+{{- end }}
+{{- toYaml $skips }}
+{{- end }}

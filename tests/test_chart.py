@@ -1,0 +1,405 @@
+"""The Helm chart as a Kubernetes user meets it, with the real tools (Helm 4, kubectl 1.33 with
+kustomize, checkov, Kubernetes' published schemas): it lints strictly, renders valid objects for
+Kubernetes 1.33 with its defaults and with every values file under its ``ci/``, refuses a
+misspelt key or a wrong type, renders no environment variable twice, passes checkov with each
+accepted finding explained (and each explanation needed), starts on a fresh cluster with nothing
+created by hand, and is the one source of ``config/k8s/`` and of the kustomize base, whose
+overlays build. Playing the rendered pods with podman: tests/test_image.py."""
+
+from __future__ import annotations
+
+import re
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from scheduled_events_exporter import __version__
+from scheduled_events_exporter.config import load_config
+from tests.k8s_tools import (
+    CHART,
+    CI_VALUES,
+    CUSTOM_KINDS,
+    KUBE_VERSION,
+    REPO,
+    checkov,
+    containers,
+    documents,
+    helm,
+    pod_spec,
+    render,
+    run,
+    tool,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+VALUES = [None, *CI_VALUES]
+IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
+REQUIRED_CI = {"host-network", "eventhubs-secret", "eventhubs-workload-identity",
+               "emptydir-state", "monitoring"}
+
+
+def rendered(values: Path | None, *more: str) -> list[dict[str, Any]]:
+    return documents(render(*(["-f", str(values)] if values else []), *more))
+
+
+def exporter(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (container,) = pod_spec(daemonset)["containers"]
+    return container
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+# --- the chart itself ---------------------------------------------------------------------
+
+def test_lint_is_strictly_clean_with_every_values_file() -> None:
+    helm("lint", "--strict", str(CHART))
+    for values in CI_VALUES:
+        helm("lint", "--strict", str(CHART), "-f", str(values))
+
+
+def test_the_ci_values_cover_what_users_configure() -> None:
+    assert set(IDS) >= REQUIRED_CI, sorted(REQUIRED_CI - set(IDS))
+
+
+def test_one_version_for_package_image_and_chart(tmp_path: Path) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+    assert chart["apiVersion"] == "v2"
+    assert chart["appVersion"] == chart["version"] == __version__
+    container = exporter(rendered(None))
+    assert container["image"].endswith(f":{__version__}")
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("*.tgz")
+    assert package.name == f"azure-scheduled-events-exporter-{__version__}.tgz"
+    with tarfile.open(package) as archive:
+        names = archive.getnames()
+    assert "azure-scheduled-events-exporter/values.schema.json" in names
+    assert not any("/ci/" in n for n in names), "the ci/ values stay out of the package"
+
+
+@pytest.mark.parametrize("values", VALUES, ids=IDS)
+def test_renders_valid_objects_for_kubernetes_1_33(values: Path | None) -> None:
+    docs = rendered(values)
+    assert {d["kind"] for d in docs} >= {"DaemonSet", "ServiceAccount"}
+    for doc in docs:
+        if doc["kind"] in CUSTOM_KINDS:
+            continue  # Prometheus Operator objects: no published schema (checked by shape below)
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {exc.message} at "
+                        f"{list(exc.path)}")
+
+
+@pytest.mark.parametrize("values", VALUES, ids=IDS)
+def test_no_environment_variable_is_rendered_twice(values: Path | None) -> None:
+    for doc in rendered(values):
+        if doc["kind"] in ("DaemonSet", "Deployment", "Job", "Pod"):
+            for container in containers(doc):
+                names = [e["name"] for e in container.get("env", [])]
+                assert len(names) == len(set(names)), (container["name"], names)
+
+
+@pytest.mark.parametrize("values", VALUES, ids=IDS)
+def test_the_rendered_settings_pass_check_config(values: Path | None) -> None:
+    # What the chart renders is a configuration the exporter accepts (secrets stand in).
+    env = env_of(exporter(rendered(values)))
+    settings = {name: str(e["value"]) for name, e in env.items() if "value" in e}
+    settings = {k: re.sub(r"\$\((\w+)\)", "x", v) for k, v in settings.items()}
+    if "SEE_EVENTHUB_CONNECTION_STRING" in env:
+        settings["SEE_EVENTHUB_CONNECTION_STRING"] = (
+            "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=eA==")
+    settings["SEE_STATE_DIR"] = ""
+    config = load_config(settings)
+    assert config.sinks, settings
+
+
+def test_an_extra_variable_replaces_the_charts_own_in_place() -> None:
+    docs = rendered(None, "--set", "extraEnv[0].name=SEE_POLL_INTERVAL",
+                    "--set-string", "extraEnv[0].value=2",
+                    "--set", "extraEnv[1].name=SEE_APPROVE", "--set", "extraEnv[1].value=user")
+    env = exporter(docs)["env"]
+    assert [e["value"] for e in env if e["name"] == "SEE_POLL_INTERVAL"] == ["2"]
+    assert env[-1] == {"name": "SEE_APPROVE", "value": "user"}
+
+
+# --- what the values refuse ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--set", "imge.tag=1"], "additional properties 'imge' not allowed"),
+    (["--set", "otlp.endpiont=http://x"], "additional properties 'endpiont' not allowed"),
+    (["--set-string", "ports.health=eighty"], "/ports/health"),
+    (["--set", "hostNetwork=maybe"], "/hostNetwork"),
+    (["--set", "state.type=pvc"], "/state/type"),
+    (["--set", "config.pollInterval=0.01"], "/config/pollInterval"),
+    (["--set", "image.digest=latest"], "/image/digest"),
+], ids=["misspelt key", "misspelt nested key", "port as text", "bool as text", "unknown state",
+        "poll too fast", "digest not a digest"])
+def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
+    done = helm("template", "x", str(CHART), *args, check=False)
+    assert done.returncode != 0 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--set", "eventhubs.enabled=true"], "eventhubs.enabled needs a credential"),
+    (["--set", "eventhubs.enabled=true", "--set", "eventhubs.existingSecret.name=s",
+      "--set", "eventhubs.workloadIdentity.enabled=true"], "not both"),
+    (["--set", "eventhubs.enabled=true", "--set", "eventhubs.workloadIdentity.enabled=true"],
+     "workloadIdentity needs namespace"),
+    (["--set", "console.enabled=false"], "no sink is enabled"),
+    (["--set", "ports.metrics=8080"], "both 8080"),
+    (["--set", "extraEnv[0].name=A", "--set", "extraEnv[1].name=A"], "extraEnv names A twice"),
+    (["--set", "serviceMonitor.enabled=true"], "needs service.enabled"),
+    (["--set", "otlp.metrics=true"], "needs otlp.enabled"),
+], ids=["no credential", "two credentials", "identity incomplete", "no sink", "one port",
+        "extraEnv twice", "monitor without service", "otlp metrics without otlp"])
+def test_the_chart_says_what_to_set(args: list[str], says: str) -> None:
+    done = helm("template", "x", str(CHART), *args, check=False)
+    assert done.returncode != 0 and says in done.stderr, done.stderr
+
+
+# --- what the defaults and the values files render ----------------------------------------
+
+def test_the_default_install_needs_nothing_created_by_hand() -> None:
+    docs = rendered(None)
+    text = yaml.safe_dump(docs)
+    assert "secretKeyRef" not in text and "configMapKeyRef" not in text
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = pod_spec(daemonset)
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert spec["priorityClassName"] == "system-node-critical"
+    service_account = next(d for d in docs if d["kind"] == "ServiceAccount")
+    assert spec["serviceAccountName"] == service_account["metadata"]["name"]
+    env = env_of(exporter(docs))
+    assert env["SEE_SINKS"]["value"] == "console"
+    attributes = dict(a.split("=", 1) for a in env["OTEL_RESOURCE_ATTRIBUTES"]["value"].split(","))
+    assert attributes["cloud.platform"] == "azure.aks"
+    assert {attributes[k] for k in ("k8s.node.name", "k8s.pod.name", "k8s.namespace.name")} == {
+        "$(NODE_NAME)", "$(POD_NAME)", "$(POD_NAMESPACE)"}
+    names = [e["name"] for e in exporter(docs)["env"]]
+    # $(VAR) expands only variables defined before it.
+    assert names.index("OTEL_RESOURCE_ATTRIBUTES") > max(
+        names.index(n) for n in ("NODE_NAME", "POD_NAME", "POD_NAMESPACE"))
+
+
+def test_the_exporter_runs_hardened_with_the_shipped_limits() -> None:
+    docs = rendered(None)
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = pod_spec(daemonset)
+    assert spec["securityContext"]["runAsUser"] == 65532
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    container = exporter(docs)
+    sc = container["securityContext"]
+    assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"], sc["runAsNonRoot"],
+            sc["capabilities"]) == (True, False, True, {"drop": ["ALL"]})
+    assert container["resources"]["limits"]["memory"] == "192Mi"
+    # The init step needs no shell: the exporter's own command, root with two capabilities.
+    (init,) = spec["initContainers"]
+    assert init["command"] == ["scheduled-events-exporter"]
+    assert init["args"] == ["init-state-dir", "--owner", "65532:65532", "/state"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"],
+                                                       "add": ["CHOWN", "FOWNER"]}
+
+
+def test_host_networking_moves_the_ports_and_keeps_dns_and_probes() -> None:
+    docs = rendered(CHART / "ci" / "host-network-values.yaml")
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = pod_spec(daemonset)
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    container = exporter(docs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 18080, "metrics": 19464}
+    env = env_of(container)
+    assert env["SEE_HEALTH_ADDR"]["value"] == "0.0.0.0:18080"
+    assert env["OTEL_EXPORTER_PROMETHEUS_PORT"]["value"] == "19464"
+    # The probes name the port, so they follow it; the scrape annotation too.
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"
+    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    assert daemonset["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == \
+        "19464"
+    default = next(d for d in rendered(None) if d["kind"] == "DaemonSet")
+    assert pod_spec(default)["dnsPolicy"] == "ClusterFirst" and "hostNetwork" not in pod_spec(
+        default)
+
+
+def test_event_hubs_by_secret_or_by_workload_identity() -> None:
+    secret = env_of(exporter(rendered(CHART / "ci" / "eventhubs-secret-values.yaml")))
+    assert secret["SEE_EVENTHUB_CONNECTION_STRING"]["valueFrom"]["secretKeyRef"] == {
+        "name": "scheduled-events-eventhub", "key": "connection-string"}
+    assert "eventhubs" in secret["SEE_SINKS"]["value"]
+    docs = rendered(CHART / "ci" / "eventhubs-workload-identity-values.yaml")
+    env = env_of(exporter(docs))
+    assert "SEE_EVENTHUB_CONNECTION_STRING" not in env
+    assert env["SEE_EVENTHUB_NAMESPACE"]["value"] == "scheduled-events.servicebus.windows.net"
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["template"]["metadata"]["labels"][
+        "azure.workload.identity/use"] == "true"
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert account["metadata"]["annotations"]["azure.workload.identity/client-id"]
+    assert "@sha256:" in exporter(docs)["image"]
+
+
+def test_readiness_follows_downstream_only_when_asked() -> None:
+    assert "SEE_READINESS_INCLUDES" not in env_of(exporter(rendered(None)))
+    env = env_of(exporter(rendered(CHART / "ci" / "emptydir-state-values.yaml")))
+    assert env["SEE_READINESS_INCLUDES"]["value"] == "sinks,storage"
+
+
+def test_monitoring_objects_select_the_pods_and_carry_the_shipped_rules() -> None:
+    docs = rendered(CHART / "ci" / "monitoring-values.yaml")
+    kinds = {d["kind"]: d for d in docs}
+    assert {"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service"} <= set(kinds)
+    selector = kinds["DaemonSet"]["spec"]["selector"]["matchLabels"]
+    assert kinds["PodMonitor"]["spec"]["selector"]["matchLabels"] == selector
+    assert kinds["Service"]["spec"]["selector"] == selector
+    (endpoint,) = kinds["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"
+    shipped = yaml.safe_load((REPO / "config" / "prometheus" / "scheduled-events-alerts.yaml")
+                             .read_text(encoding="utf-8"))
+    assert kinds["PrometheusRule"]["spec"]["groups"] == shipped["groups"]
+    azure = rendered(CHART / "ci" / "azure-managed-prometheus-values.yaml")
+    (monitor,) = [d for d in azure if d["kind"] == "PodMonitor"]
+    assert monitor["apiVersion"] == "azmonitoring.coreos.com/v1" and monitor["spec"]["labelLimit"]
+
+
+def test_notes_say_what_was_installed_and_how_to_see_the_first_records() -> None:
+    done = helm("install", "see", str(CHART), "--namespace", "ops", "--dry-run=client")
+    notes = done.stdout[done.stdout.index("NOTES:"):]
+    assert "Sinks: console" in notes and "State: hostPath" in notes
+    assert "kubectl -n ops logs -l app.kubernetes.io/instance=see" in notes
+    assert "/readyz" in notes
+
+
+# --- checkov ------------------------------------------------------------------------------
+
+def write_renders(directory: Path, strip_skips: bool = False) -> None:
+    for values, name in zip(VALUES, IDS, strict=True):
+        docs = rendered(values)
+        if strip_skips:
+            for doc in docs:
+                annotations = doc["metadata"].get("annotations", {})
+                for key in [k for k in annotations if k.startswith("checkov.io/skip")]:
+                    del annotations[key]
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump_all(docs), encoding="utf-8")
+
+
+def test_checkov_finds_nothing_unexplained(tmp_path: Path) -> None:
+    write_renders(tmp_path)
+    report = checkov(tmp_path)
+    failed = [(f["file_path"], f["check_id"], f["check_name"]) for f in report["failed"]]
+    assert failed == [], failed
+    assert report["passed"] > 100
+    reasons = {s["check_id"]: s["check_result"].get("suppress_comment", "")
+               for s in report["skipped"]}
+    for check, reason in reasons.items():
+        assert len(reason) > 30, f"{check} skipped without a reason"
+
+
+def test_every_checkov_skip_is_needed(tmp_path: Path) -> None:
+    # Without the chart's skip annotations, each skipped check fails where it was skipped.
+    for name, strip in (("with", False), ("without", True)):
+        (tmp_path / name).mkdir()
+        write_renders(tmp_path / name, strip_skips=strip)
+    skipped = {(Path(s["file_path"]).name, s["check_id"])
+               for s in checkov(tmp_path / "with")["skipped"]}
+    failed = {(Path(f["file_path"]).name, f["check_id"])
+              for f in checkov(tmp_path / "without")["failed"]}
+    assert skipped, "the chart skips nothing? then this test proves nothing"
+    assert skipped <= failed, sorted(skipped - failed)
+
+
+# --- one source: config/k8s and kustomize -------------------------------------------------
+
+def test_config_k8s_is_rendered_from_the_chart() -> None:
+    done = run(sys.executable, str(REPO / "tools" / "render_k8s.py"),
+               "--check", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+KUSTOMIZE = REPO / "config" / "k8s" / "kustomize"
+OVERLAYS = sorted(p.parent for p in (KUSTOMIZE / "overlays").glob("*/kustomization.yaml"))
+
+
+@pytest.mark.parametrize("overlay", [KUSTOMIZE / "base", *OVERLAYS],
+                         ids=lambda p: p.name if p.name != "base" else "base")
+def test_kustomize_builds_valid_objects(overlay: Path) -> None:
+    docs = documents(run(tool("kubectl"), "kustomize", str(overlay)).stdout)
+    assert {d["kind"] for d in docs} == {"Namespace", "ServiceAccount", "DaemonSet",
+                                         "NetworkPolicy"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_the_overlays_do_what_they_say() -> None:
+    assert {p.name for p in OVERLAYS} >= {"host-network", "image"}
+    host = documents(run(tool("kubectl"), "kustomize", str(KUSTOMIZE / "overlays" /
+                                                            "host-network")).stdout)
+    (daemonset,) = [d for d in host if d["kind"] == "DaemonSet"]
+    spec = pod_spec(daemonset)
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    container = exporter(host)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    env = env_of(container)
+    assert env["SEE_HEALTH_ADDR"]["value"].endswith(f":{ports['health']}")
+    assert env["OTEL_EXPORTER_PROMETHEUS_PORT"]["value"] == str(ports["metrics"])
+    assert ports["health"] != 8080
+    image = documents(run(tool("kubectl"), "kustomize", str(KUSTOMIZE / "overlays" /
+                                                             "image")).stdout)
+    (daemonset,) = [d for d in image if d["kind"] == "DaemonSet"]
+    images = {c["image"] for c in containers(daemonset)}
+    assert len(images) == 1 and images.pop().startswith(
+        "myregistry.azurecr.io/azure-scheduled-events-exporter@sha256:")
+
+
+def test_kustomize_outputs_pass_checkov(tmp_path: Path) -> None:
+    for overlay in [KUSTOMIZE / "base", *OVERLAYS]:
+        text = run(tool("kubectl"), "kustomize", str(overlay)).stdout
+        (tmp_path / f"{overlay.name}.yaml").write_text(text, encoding="utf-8")
+    failed = [(f["file_path"], f["check_id"]) for f in checkov(tmp_path)["failed"]]
+    assert failed == [], failed
+
+
+def test_the_examples_pass_checkov_and_need_each_skip(tmp_path: Path) -> None:
+    for name in ("with", "without"):
+        (tmp_path / name).mkdir()
+    for path in (REPO / "config" / "k8s").glob("*.yaml"):
+        docs = documents(path.read_text(encoding="utf-8"))
+        (tmp_path / "with" / path.name).write_text(yaml.safe_dump_all(docs), encoding="utf-8")
+        for doc in docs:
+            annotations = doc["metadata"].get("annotations", {})
+            for key in [k for k in annotations if k.startswith("checkov.io/skip")]:
+                del annotations[key]
+        (tmp_path / "without" / path.name).write_text(yaml.safe_dump_all(docs),
+                                                      encoding="utf-8")
+    report = checkov(tmp_path / "with")
+    failed = [(f["file_path"], f["check_id"], f["check_name"]) for f in report["failed"]]
+    assert failed == [], failed
+    skipped = {(Path(s["file_path"]).name, s["check_id"]) for s in report["skipped"]}
+    unskipped = {(Path(f["file_path"]).name, f["check_id"])
+                 for f in checkov(tmp_path / "without")["failed"]}
+    assert skipped and skipped <= unskipped, sorted(skipped - unskipped)
+
+
+def test_sidecar_examples_never_gate_the_application() -> None:
+    for name in ("sidecar.yaml", "native-sidecar-job.yaml"):
+        (doc,) = documents((REPO / "config" / "k8s" / name).read_text(encoding="utf-8"))
+        (see,) = [c for c in containers(doc) if c["name"] == "scheduled-events-exporter"]
+        assert "readinessProbe" not in see and "startupProbe" not in see, name
+        assert see["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        others = [c for c in containers(doc) if c is not see]
+        used = {p["containerPort"] for c in others for p in c.get("ports", [])}
+        assert not used & {p["containerPort"] for p in see["ports"]}, name
+    (job,) = documents((REPO / "config" / "k8s" / "native-sidecar-job.yaml")
+                       .read_text(encoding="utf-8"))
+    (sidecar,) = pod_spec(job)["initContainers"]
+    assert sidecar["restartPolicy"] == "Always" and pod_spec(job)["restartPolicy"] == "Never"
