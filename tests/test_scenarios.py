@@ -314,6 +314,8 @@ def test_cli_lists_scenarios_and_rejects_bad_input(capsys: pytest.CaptureFixture
     assert main(["--bogus"]) == 2
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows has no SIGTERM to send another "
+                    "process (Popen.send_signal(SIGTERM) is TerminateProcess)")
 def test_cli_serves_until_sigterm() -> None:
     code = ("import sys; from scheduled_events_exporter.simulator.cli import main; "
             "sys.exit(main(sys.argv[1:]))")

@@ -9,10 +9,13 @@ switches over an idle second and a half (``/proc/self/task/<tid>/status``).
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 from scheduled_events_exporter.scrape import ScrapeEndpoint
 from scheduled_events_exporter.serving import ConnectionCap
@@ -55,6 +58,7 @@ def get(port: int) -> bytes:
         return bytes(response.read())
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="counts context switches in /proc")
 def test_idle_server_does_not_wake_and_stops_at_once() -> None:
     server = _Server(("127.0.0.1", 0), _Hello)
     port = server.server_address[1]

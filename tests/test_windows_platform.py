@@ -52,8 +52,15 @@ def stat(ino: int, attributes: int = 0) -> Any:
     return SimpleNamespace(st_ino=ino, st_dev=1, st_file_attributes=attributes, st_size=0)
 
 
+def key(path: Path | str) -> str:
+    """A path as the fakes below file it: forward slashes on every OS (on Windows ``str`` of
+    ``Path("C:/state")`` is ``C:\\state``)."""
+    return Path(path).as_posix()
+
+
 class FakeDisk:
-    """lstat/fstat/open/close of a pretend NTFS: ``files`` maps a path to (inode, attributes)."""
+    """lstat/fstat/open/close of a pretend NTFS: ``files`` maps a path (:func:`key`) to (inode,
+    attributes)."""
 
     def __init__(self) -> None:
         self.files: dict[str, tuple[int, int]] = {}
@@ -63,17 +70,17 @@ class FakeDisk:
         self.after_open: dict[str, tuple[int, int]] = {}  # what the path is once opened
 
     def lstat(self, path: Path) -> Any:
-        if str(path) not in self.files:
+        if key(path) not in self.files:
             raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
-        return stat(*self.files[str(path)])
+        return stat(*self.files[key(path)])
 
     def open(self, path: Path, flags: int, mode: int) -> int:
-        self.opened.append((str(path), flags))
-        ino = self.files.setdefault(str(path), (100 + len(self.files), 0))[0]
+        self.opened.append((key(path), flags))
+        ino = self.files.setdefault(key(path), (100 + len(self.files), 0))[0]
         fd = 10 + len(self.opened)
         self.fds[fd] = ino
-        if str(path) in self.after_open:
-            self.files[str(path)] = self.after_open[str(path)]
+        if key(path) in self.after_open:
+            self.files[key(path)] = self.after_open[key(path)]
         return fd
 
     def fstat(self, fd: int) -> Any:
@@ -150,12 +157,12 @@ def test_windows_state_directory_is_created_private_and_a_junction_is_refused() 
     private: list[tuple[str, str]] = []
 
     def mkdir(path: Path) -> None:
-        made.append(str(path))
-        disk.files[str(path)] = (50 + len(made), 0)
+        made.append(key(path))
+        disk.files[key(path)] = (50 + len(made), 0)
 
     def create_private(path: str, sddl: str) -> None:
-        private.append((path, sddl))
-        disk.files[path] = (99, 0)
+        private.append((key(path), sddl))
+        disk.files[key(path)] = (99, 0)
 
     files = disk.windows_files(mkdir=mkdir, create_private_directory=create_private)
     files.make_dirs(Path("C:/ProgramData/vendor/scheduled-events-exporter"))
