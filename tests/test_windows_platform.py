@@ -450,3 +450,29 @@ def test_windows_boot_instant_proves_a_reboot_to_the_tracker() -> None:
                    t0 + timedelta(minutes=5), gap_threshold=3,
                    evidence=Evidence(boot_id=after, vm_name="vm1"))
     assert [(t.kind.value, t.outcome_basis) for t in out] == [("completed", "host_rebooted")]
+
+
+class CountingEvent(threading.Event):
+    """An event that records each wait's timeout and is set on the third one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        if len(self.timeouts) == 3:
+            self.set()
+        return self.is_set()
+
+
+def test_windows_main_thread_waits_in_short_steps_so_ctrl_break_is_handled() -> None:
+    # python/cpython#74157: an untimed wait never returns to the interpreter on Windows, so
+    # Python's Ctrl-C/Ctrl-Break handlers would never run.
+    event = CountingEvent()
+    stops.wait_for(event, windows=True, wake=0.25)
+    assert event.timeouts == [0.25, 0.25, 0.25]
+    event = CountingEvent()
+    event.set()
+    stops.wait_for(event, windows=False)
+    assert event.timeouts == [None]  # POSIX: one wait, no wake-ups while idle

@@ -25,6 +25,7 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
 from scheduled_events_exporter.model import InstanceInfo
+from scheduled_events_exporter.platforms import stop as stop_requests
 from scheduled_events_exporter.poller import Clock, Poller, Submitter, with_vm_name
 from scheduled_events_exporter.records import TransitionRecord, body, for_log
 from scheduled_events_exporter.sinks import Sink, create_sinks
@@ -418,7 +419,7 @@ def run(config: Config, stop: threading.Event, finished: threading.Event | None 
         log.error("cannot start: %s", exc)
         return 1
     exporter.start()
-    stop.wait()
+    stop_requests.wait_for(stop)
     exit_if_stuck(config.shutdown_timeout + SHUTDOWN_GRACE, config.state_dir is not None)
     log.info("stopping: draining sinks (up to %g s)", config.shutdown_timeout)
     try:

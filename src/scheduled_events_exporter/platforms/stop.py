@@ -101,3 +101,22 @@ def install(stop: threading.Event, finished: threading.Event) -> None:
                         session_id=win32.session_id)
     else:
         install_posix(stop)
+
+
+#: How often the main thread looks up from waiting for the stop on Windows (see wait_for).
+WINDOWS_WAKE: Final = 0.5
+
+
+def wait_for(stop: threading.Event, *, windows: bool = sys.platform == "win32",
+             wake: float = WINDOWS_WAKE) -> None:
+    """Block the main thread until ``stop`` is set.
+
+    On Windows a signal handler (Ctrl-C, Ctrl-Break) runs only when the main thread comes back
+    to the interpreter, and an untimed ``Event.wait()`` never does (python/cpython#74157):
+    there the wait is cut into short timed ones. POSIX interrupts the wait itself, so it stays
+    one untimed wait that costs nothing while idle."""
+    if not windows:
+        stop.wait()
+        return
+    while not stop.wait(wake):
+        pass
