@@ -361,3 +361,45 @@ def test_hook_sees_the_imds_shape_and_event_variables() -> None:
         "SEE_EVENT_DURATION": "7",
     }
     assert event_json(ev(status="Started"))["NotBefore"] == ""
+
+
+@pytest.mark.timeout(10)
+def test_the_exec_form_is_an_argument_vector_run_without_a_shell() -> None:
+    cfg, problems = parse_approval_config({
+        "SEE_APPROVE": "user",
+        "SEE_APPROVE_HOOK": f' [{json.dumps(sys.executable)}, "-c", "print(1)", "a b"] '})
+    assert problems == [] and cfg is not None
+    assert cfg.hook == (sys.executable, "-c", "print(1)", "a b")
+    assert f"SEE_APPROVE_HOOK={json.dumps([sys.executable, '-c', 'print(1)', 'a b'])}" in \
+        cfg.describe()
+
+
+EXEC_FORM = 'expected a JSON array of strings, the program first (e.g. ["/hooks/drain", ' \
+    '"--grace", "60"])'
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("hook", "says"), [
+    ('["/bin/true", ', "it is not JSON"),
+    ("[]", EXEC_FORM),
+    ('["/bin/true", 3]', EXEC_FORM),
+    ('[["/bin/true"]]', EXEC_FORM),
+    ('["", "x"]', "with a program name and no NUL character"),
+    ('["/bin/true", "a\\u0000b"]', "with a program name and no NUL character"),
+    ('["/no/such/hook", "--now"]', "'/no/such/hook' is not an executable file"),
+    ('["no-such-hook-on-path"]', "'no-such-hook-on-path' is not found on PATH"),
+])
+def test_a_wrong_exec_form_is_one_clear_line(hook: str, says: str) -> None:
+    cfg, problems = parse_approval_config({"SEE_APPROVE": "user", "SEE_APPROVE_HOOK": hook})
+    assert cfg is None and len(problems) == 1
+    assert problems[0].startswith("SEE_APPROVE_HOOK=") and says in problems[0], problems
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX: Windows runs PowerShell")
+def test_a_command_line_without_a_shell_names_the_exec_form_and_the_shell_image() -> None:
+    from scheduled_events_exporter.platforms.shell import PosixShell  # type: ignore[attr-defined]
+
+    problem = PosixShell(sh="/no/shell/here").check("drain --grace 60")
+    assert problem.startswith("a command line needs /no/shell/here, which is not here")
+    assert '["/hooks/drain", "--grace", "60"]' in problem and "-shell tag" in problem
+    assert PosixShell(sh="/no/shell/here").check(("/bin/true",)) == ""  # exec form: no shell

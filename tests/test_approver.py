@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -308,6 +309,24 @@ def test_hook_gets_the_event_on_stdin_and_in_its_environment(
     assert env["SEE_EVENT_DURATION"] == "-1"
     assert "SEE_EVENTHUB_CONNECTION_STRING" not in env  # secrets stay with the exporter
     assert len(posts(sim)) == 1  # exit 0 allowed the POST, after the hook
+    [result] = approver.drain()
+    assert full(result).startswith("rule user; hook exit 0 after ")
+
+
+@pytest.mark.timeout(30)
+def test_an_exec_form_hook_runs_without_a_shell(sim: Simulator, make: Factory,
+                                                tmp_path: Path) -> None:
+    # Every argument reaches the program as given: no word splitting, no quoting, no $expansion.
+    script = ("import json, os, sys; event = json.load(sys.stdin); "
+              "open(sys.argv[1], 'w').write(json.dumps([event['EventId'], sys.argv[2], "
+              "os.environ['SEE_EVENT_ID']]))")
+    out = tmp_path / "argv.json"
+    sim.set_events([reboot()])
+    hook = (sys.executable, "-c", script, str(out), "$SEE_EVENT_ID 'not quoted'; exit 3")
+    approver = make(ApprovalConfig(rules=(Rule("user"),), hook=hook))
+    poll(sim, approver)
+    assert json.loads(out.read_text()) == [EID, "$SEE_EVENT_ID 'not quoted'; exit 3", EID]
+    assert len(posts(sim)) == 1
     [result] = approver.drain()
     assert full(result).startswith("rule user; hook exit 0 after ")
 

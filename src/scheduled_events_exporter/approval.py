@@ -9,6 +9,7 @@ threads.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent
-from scheduled_events_exporter.platforms.shell import SHELL
+from scheduled_events_exporter.platforms.shell import SHELL, Command
 from scheduled_events_exporter.redact import scrub
 
 #: Every variable this module reads; any other ``SEE_APPROVE_*`` is a typo worth reporting.
@@ -87,7 +88,8 @@ class ApprovalConfig:
     rules: tuple[Rule, ...]
     multi: Multi = "leader"
     dry_run: bool = False
-    hook: str = ""
+    #: A shell command line, or an argument vector run without a shell (the exec form).
+    hook: Command = ""
     hook_timeout: float = 60.0
 
     def describe(self) -> list[str]:
@@ -98,7 +100,8 @@ class ApprovalConfig:
             f"SEE_APPROVE_DRY_RUN={'true' if self.dry_run else 'false'}",
         ]
         if self.hook:
-            lines.append(f"SEE_APPROVE_HOOK={scrub(self.hook)}")
+            shown = json.dumps(list(self.hook)) if isinstance(self.hook, tuple) else self.hook
+            lines.append(f"SEE_APPROVE_HOOK={scrub(shown)}")
             lines.append(f"SEE_APPROVE_HOOK_TIMEOUT={self.hook_timeout:g}")
         return lines
 
@@ -116,6 +119,22 @@ class Decision:
     reason: Outcome
     rule: str
     detail: str = ""
+
+
+def _parse_argv(raw: str) -> tuple[tuple[str, ...], str]:
+    """The exec form: a JSON array of one or more non-empty strings (as Docker's
+    ``["executable", "param"]``), run without a shell."""
+    expected = ('expected a JSON array of strings, the program first (e.g. '
+                '["/hooks/drain", "--grace", "60"])')
+    try:
+        argv = json.loads(raw)
+    except ValueError as exc:
+        return (), f"{expected}; it is not JSON ({exc.args[0] if exc.args else exc})"
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return (), expected
+    if not argv[0] or any("\0" in a for a in argv):
+        return (), f"{expected}, with a program name and no NUL character"
+    return tuple(argv), ""
 
 
 def _show(raw: str) -> str:
@@ -219,10 +238,17 @@ def parse_approval_config(env: Mapping[str, str]) -> tuple[ApprovalConfig | None
             f"SEE_APPROVE_DRY_RUN={_show(raw)}: expected true or false (or 1/0, yes/no)"
         )
 
-    hook = given.get("SEE_APPROVE_HOOK", "").strip()
-    if hook and (problem := SHELL.check(hook)):
+    raw_hook = given.get("SEE_APPROVE_HOOK", "").strip()
+    hook: Command = raw_hook
+    if raw_hook.startswith("["):
+        hook, problem = _parse_argv(raw_hook)
+    else:
+        problem = ""
+    if raw_hook and not problem:
+        problem = SHELL.check(hook)
+    if problem:
         # Caught at start rather than at the first maintenance event.
-        problems.append(f"SEE_APPROVE_HOOK={_show(hook)}: {problem}")
+        problems.append(f"SEE_APPROVE_HOOK={_show(raw_hook)}: {problem}")
 
     hook_timeout = 60.0
     raw = given.get("SEE_APPROVE_HOOK_TIMEOUT", "")
@@ -235,7 +261,7 @@ def parse_approval_config(env: Mapping[str, str]) -> tuple[ApprovalConfig | None
             problems.append(
                 f"SEE_APPROVE_HOOK_TIMEOUT={_show(raw)}: expected seconds, a number from 1 to 3600"
             )
-        elif not hook:
+        elif not raw_hook:
             problems.append(
                 f"SEE_APPROVE_HOOK_TIMEOUT={_show(raw)}: expected only together with "
                 "SEE_APPROVE_HOOK (there is no hook to time out)"

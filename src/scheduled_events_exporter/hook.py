@@ -20,7 +20,7 @@ from email.utils import format_datetime
 
 from scheduled_events_exporter.config import SECRET_VARIABLES
 from scheduled_events_exporter.model import ScheduledEvent
-from scheduled_events_exporter.platforms.shell import SHELL, Shell
+from scheduled_events_exporter.platforms.shell import SHELL, Command, Shell
 from scheduled_events_exporter.records import rfc3339
 
 
@@ -98,12 +98,13 @@ def hook_environment(
 
 
 def run_hook(
-    command: str, event: ScheduledEvent, timeout: float, *, cancel: threading.Event,
+    command: Command, event: ScheduledEvent, timeout: float, *, cancel: threading.Event,
     shell: Shell = SHELL,
 ) -> HookResult:
-    """Run ``command`` with the OS's shell (``/bin/sh -c``; Windows PowerShell) and the event on
-    stdin; kill its whole process tree at ``timeout`` or when ``cancel`` is set. Its output
-    goes to the result (never to our stdout, which is the console sink's)."""
+    """Run ``command`` with the OS's shell (``/bin/sh -c``; Windows PowerShell), or an argument
+    vector as it is, with the event on stdin; kill its whole process tree at ``timeout`` or
+    when ``cancel`` is set. Its output goes to the result (never to our stdout, which is the
+    console sink's)."""
     started = time.monotonic()
     try:
         running = shell.start(command, hook_environment(event, os.environ, drop=SECRET_VARIABLES,

@@ -1,16 +1,19 @@
 """How the approval hook runs: its command line, what it inherits, its process tree.
 
-POSIX: ``/bin/sh -c COMMAND`` in a session of its own, so the timeout kills the whole process
-group (``killpg``); stdin and stdout are pipes driven by one ``select`` loop (a background child
-that keeps stdout open never holds us).
+A hook is a command line for the OS's shell (a ``str``) or an argument vector run without a
+shell (a tuple of strings: Docker's exec form), for images that have no shell at all.
+
+POSIX: ``/bin/sh -c COMMAND`` (or the argument vector itself) in a session of its own, so the
+timeout kills the whole process group (``killpg``); stdin and stdout are pipes driven by one
+``select`` loop (a background child that keeps stdout open never holds us).
 
 Windows: ``COMMAND`` is PowerShell (Windows PowerShell 5.1, which every Windows Server has),
 passed as ``-EncodedCommand`` (UTF-16LE, base64) so no quoting rule of ``cmd`` or of the C
-runtime ever applies to it. It is started suspended in a process group of its own and put into
-a job object before it runs a single instruction, so every process it starts is in the job and
-the timeout kills them all (``TerminateJobObject``); if the job cannot be made, ``taskkill /T
-/F`` kills the tree by parentage instead. Windows pipes cannot be ``select``-ed: two threads feed
-stdin and collect stdout.
+runtime ever applies to it; an argument vector is started as given. It is started suspended in
+a process group of its own and put into a job object before it runs a single instruction, so
+every process it starts is in the job and the timeout kills them all (``TerminateJobObject``);
+if the job cannot be made, ``taskkill /T /F`` kills the tree by parentage instead. Windows pipes
+cannot be ``select``-ed: two threads feed stdin and collect stdout.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import base64
 import contextlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Final, Protocol
+from typing import IO, Final, Protocol, TypeAlias
+
+#: A hook: a command line for the OS's shell, or an argument vector run without a shell.
+Command: TypeAlias = "str | tuple[str, ...]"
 
 #: The tail of the hook's output that is kept (a chatty hook costs no memory).
 OUTPUT_TAIL: Final = 2048
@@ -75,11 +82,21 @@ class Shell(Protocol):
     def inherits(self, variable: str) -> bool:
         """Whether the hook inherits ``variable`` from the exporter by default."""
 
-    def check(self, command: str) -> str:
-        """What is wrong with ``command`` as a hook command line, or ``""``."""
+    def check(self, command: Command) -> str:
+        """What is wrong with ``command`` as a hook here, or ``""``."""
 
-    def start(self, command: str, env: Mapping[str, str]) -> Running:
+    def start(self, command: Command, env: Mapping[str, str]) -> Running:
         """Start it (raises ``OSError`` or ``ValueError`` when it cannot start)."""
+
+
+def check_argv(argv: tuple[str, ...], path: str | None) -> str:
+    """An argument vector's program must exist where it will be looked for (``path``: the
+    hook's PATH); said at start rather than at the first maintenance event."""
+    if shutil.which(argv[0], path=path) is None:
+        where = "is not an executable file" if os.sep in argv[0] or "/" in argv[0] else \
+            f"is not found on PATH ({path or os.defpath})"
+        return f"expected an executable program as the first element; {argv[0]!r} {where}"
+    return ""
 
 
 def keep_tail(buffer: bytearray, chunk: bytes) -> None:
@@ -156,10 +173,21 @@ if sys.platform != "win32":  # (os.killpg, os.set_blocking and SIGKILL exist onl
         name = "/bin/sh -c"
         case_insensitive = False
 
+        def __init__(self, sh: str = "/bin/sh") -> None:
+            self._sh = sh
+
         def inherits(self, variable: str) -> bool:
             return variable in POSIX_VARIABLES or variable.startswith("LC_")
 
-        def check(self, command: str) -> str:
+        def check(self, command: Command) -> str:
+            if isinstance(command, tuple):
+                return check_argv(command, os.environ.get("PATH"))
+            if not os.access(self._sh, os.X_OK):
+                # A shell-less image (distroless): say which form or image works instead.
+                return (f"a command line needs {self._sh}, which is not here (a shell-less "
+                        "image); expected the exec form, a JSON array of strings such as "
+                        '["/hooks/drain", "--grace", "60"], or the image with a shell (the '
+                        "-shell tag)")
             # /bin/sh will run it; shlex catches the commonest breakage (an unclosed quote)
             # at start rather than at the first maintenance event.
             try:
@@ -168,11 +196,12 @@ if sys.platform != "win32":  # (os.killpg, os.set_blocking and SIGKILL exist onl
                 return f"expected a command line for /bin/sh -c ({exc})"
             return ""
 
-        def start(self, command: str, env: Mapping[str, str]) -> Running:
+        def start(self, command: Command, env: Mapping[str, str]) -> Running:
+            argv = list(command) if isinstance(command, tuple) else [self._sh, "-c", command]
             # Its own session (process group), so a timeout kills whatever it spawned too.
-            proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env=dict(env), start_new_session=True)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=dict(env),
+                                    start_new_session=True)
             return PosixRunning(proc)
 
 
@@ -284,18 +313,22 @@ class WindowsShell:
     def inherits(self, variable: str) -> bool:
         return variable.upper() in WINDOWS_VARIABLES or variable.upper().startswith("LC_")
 
-    def check(self, command: str) -> str:
+    def check(self, command: Command) -> str:
+        if isinstance(command, tuple):
+            return check_argv(command, os.environ.get("PATH"))
         if len(command) > MAX_WINDOWS_COMMAND:
             return (f"expected a PowerShell command of at most {MAX_WINDOWS_COMMAND} characters, "
                     f"got {len(command)} (put a longer one in a .ps1 file and call it: "
                     f"& 'C:\\path\\hook.ps1')")
         return ""
 
-    def start(self, command: str, env: Mapping[str, str]) -> Running:
+    def start(self, command: Command, env: Mapping[str, str]) -> Running:
         system_root = next((v for k, v in env.items() if k.upper() == "SYSTEMROOT"),
                            r"C:\Windows")
+        argv = list(command) if isinstance(command, tuple) else powershell_argv(command,
+                                                                                 system_root)
         proc = self._popen(
-            powershell_argv(command, system_root), stdin=subprocess.PIPE,
+            argv, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(env),
             # Suspended until it is in the job, so nothing it starts can escape the job; its
             # own process group, so the Ctrl-C that stops the exporter does not reach it.
