@@ -1,52 +1,119 @@
-# The exporter's image: a virtualenv at a fixed path on top of a Python base image, run as a
-# non-root numeric user with a read-only root (state lives on the volume). README, "Container".
+# The exporter's images (README, "In a container"; docs/container.md):
 #
-# BASE_IMAGE is any image with python3 (3.10-3.13) and its venv module, the same in both stages
-# (the virtualenv points at the base's interpreter): the official slim images (default), or
-# Debian's own python3 (what the tests build here, docs/container.md). Nothing below depends on
-# the CPU architecture: pip picks the platform's wheels. SEE_SHUTDOWN_TIMEOUT is 5 s here (10 s
-# elsewhere): `docker stop` and `podman stop` kill after 10 s, and the whole stop must fit.
-ARG BASE_IMAGE=docker.io/library/python:3.12-slim-bookworm
+#   runtime (the default): the virtualenv on a base with a Python interpreter and nothing else,
+#           no shell, no package manager (distroless python3-debian13, user nonroot = 65532).
+#   shell:  the same virtualenv on the build stage's base, for approval hooks written as shell
+#           command lines (SEE_APPROVE_HOOK="drain && leave"); published as the -shell tag.
+#
+# BUILDER_IMAGE is a Python with its venv module (Debian 13's python3 is installed when the base
+# lacks it); RUNTIME_IMAGE is the same interpreter at the same path (/usr/bin/python3), so the
+# virtualenv built in one runs in the other. The runtime closure is installed from
+# requirements/runtime.lock with hash checking, the build backend from requirements/build.lock.
+# Nothing depends on the CPU architecture: pip takes each platform's wheels.
+# VERSION, REVISION and CREATED fill the OCI labels (the release workflow passes them; the
+# version is src/scheduled_events_exporter/__init__.py's).
+ARG BUILDER_IMAGE=docker.io/library/debian:13-slim
+ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian13:nonroot
 
-FROM ${BASE_IMAGE} AS build
+FROM ${BUILDER_IMAGE} AS builder
+SHELL ["/bin/sh", "-eu", "-c"]
+# Debian's own python3 and venv, unless the base has them already (the tests' base does). The
+# versions are the Debian release's, which is what the runtime image ships too.
+# hadolint ignore=DL3008
+RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
+        apt-get update; \
+        apt-get install -y --no-install-recommends python3 python3-venv ca-certificates; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi
+
+FROM builder AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
+COPY requirements/ ./requirements/
 COPY pyproject.toml README.md ./
 COPY config/scenarios ./config/scenarios
 COPY src ./src
-# Bytecode compiled once here, checked by hash rather than mtime (the root is read-only at run
-# time, so nothing could be cached later); then the installers leave the virtualenv.
-RUN python3 -m venv /opt/scheduled-events-exporter \
- && /opt/scheduled-events-exporter/bin/python -m pip install --no-compile . \
- && /opt/scheduled-events-exporter/bin/python -m pip uninstall -y -q pip setuptools wheel \
+# The wheel is built by the locked backend in a throwaway virtualenv; the exporter's virtualenv
+# gets the locked closure (every file checked against its hash), then the wheel, then loses its
+# installers. Bytecode is compiled once here and checked by hash rather than mtime: the root is
+# read-only at run time. The state directory is made here, 0700 for 65532, and copied with its
+# parent (a copy does not set the mode of a directory it creates).
+RUN python3 -m venv /tmp/build \
+ && /tmp/build/bin/python -m pip install --require-hashes --no-deps -r requirements/build.lock \
+ && /tmp/build/bin/python -m pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
+ && python3 -m venv /opt/scheduled-events-exporter \
+ && /opt/scheduled-events-exporter/bin/python -m pip install --no-compile --require-hashes \
+        --no-deps -r requirements/runtime.lock \
+ && /opt/scheduled-events-exporter/bin/python -m pip install --no-compile --no-deps /tmp/wheel/*.whl \
+ && /opt/scheduled-events-exporter/bin/python -m pip check \
+ && /opt/scheduled-events-exporter/bin/python -m pip uninstall -y -q pip \
  && /opt/scheduled-events-exporter/bin/python -m compileall -q -j 0 \
         --invalidation-mode unchecked-hash /opt/scheduled-events-exporter/lib \
- && rm -f /opt/scheduled-events-exporter/bin/activate* /opt/scheduled-events-exporter/bin/Activate.ps1
+ && rm -rf /opt/scheduled-events-exporter/bin/activate* /opt/scheduled-events-exporter/bin/Activate.ps1 \
+        /tmp/build /tmp/wheel \
+ && mkdir -p /out/state/scheduled-events-exporter \
+ && chmod 0700 /out/state/scheduled-events-exporter
 
-FROM ${BASE_IMAGE}
+# A shell for shell-form approval hooks: the build stage's base, user 65532 added by hand.
+FROM builder AS shell
+ARG VERSION=unknown
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="azure-scheduled-events-exporter (with a shell)" \
+      org.opencontainers.image.description="Azure Scheduled Events as OpenTelemetry log records and metrics (OTLP, Event Hubs, console); with /bin/sh for shell-form approval hooks" \
+      org.opencontainers.image.source="https://github.com/azure-scheduled-events-exporter/azure-scheduled-events-exporter" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="MIT"
+RUN grep -q '^nonroot:' /etc/group || echo 'nonroot:x:65532:' >> /etc/group \
+ && { grep -q '^nonroot:' /etc/passwd \
+      || echo 'nonroot:x:65532:65532:nonroot:/home/nonroot:/usr/sbin/nologin' >> /etc/passwd; }
 ENV PATH=/opt/scheduled-events-exporter/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    HOME=/nonexistent \
     SEE_STATE_DIR=/var/lib/scheduled-events-exporter \
     SEE_HEALTH_ADDR=0.0.0.0:8080 \
     SEE_SHUTDOWN_TIMEOUT=5
 COPY --from=build /opt/scheduled-events-exporter /opt/scheduled-events-exporter
-# uid/gid 65532 ("nonroot", as in distroless images) everywhere: here, config/k8s/, docs. A
-# passwd entry without useradd, which minimal bases lack.
-RUN grep -q '^nonroot:' /etc/group || echo 'nonroot:x:65532:' >> /etc/group \
- && grep -q '^nonroot:' /etc/passwd \
-    || echo 'nonroot:x:65532:65532:nonroot:/nonexistent:/usr/sbin/nologin' >> /etc/passwd \
- && mkdir -p /var/lib/scheduled-events-exporter \
- && chown 65532:65532 /var/lib/scheduled-events-exporter \
- && chmod 0700 /var/lib/scheduled-events-exporter
+COPY --from=build --chown=65532:65532 /out/state/ /var/lib/
 VOLUME ["/var/lib/scheduled-events-exporter"]
 USER 65532:65532
 EXPOSE 8080
-# /healthz where SEE_HEALTH_ADDR puts it (`probe`: exit 0 on 200).
+HEALTHCHECK --interval=30s --timeout=3s --start-period=150s \
+  CMD ["scheduled-events-exporter", "probe"]
+ENTRYPOINT ["scheduled-events-exporter"]
+CMD ["run"]
+
+# The default: no shell, no package manager; approval hooks in exec form only.
+FROM ${RUNTIME_IMAGE} AS runtime
+ARG VERSION=unknown
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="azure-scheduled-events-exporter" \
+      org.opencontainers.image.description="Azure Scheduled Events as OpenTelemetry log records and metrics (OTLP, Event Hubs, console)" \
+      org.opencontainers.image.source="https://github.com/azure-scheduled-events-exporter/azure-scheduled-events-exporter" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="MIT"
+# SEE_SHUTDOWN_TIMEOUT is 5 s here (10 s elsewhere): `docker stop` and `podman stop` kill after
+# 10 s, and the whole stop must fit.
+ENV PATH=/opt/scheduled-events-exporter/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    SEE_STATE_DIR=/var/lib/scheduled-events-exporter \
+    SEE_HEALTH_ADDR=0.0.0.0:8080 \
+    SEE_SHUTDOWN_TIMEOUT=5
+COPY --from=build /opt/scheduled-events-exporter /opt/scheduled-events-exporter
+COPY --from=build --chown=65532:65532 /out/state/ /var/lib/
+VOLUME ["/var/lib/scheduled-events-exporter"]
+USER 65532:65532
+EXPOSE 8080
+# /healthz where SEE_HEALTH_ADDR puts it (`probe`: exit 0 on 200; no shell, no curl needed).
 HEALTHCHECK --interval=30s --timeout=3s --start-period=150s \
   CMD ["scheduled-events-exporter", "probe"]
 ENTRYPOINT ["scheduled-events-exporter"]

@@ -1,11 +1,15 @@
-"""Podman for the tests: the real image, built from the repository's Dockerfile and run.
+"""Podman for the tests: the real images, built from the repository's Dockerfile and run.
 
-No registry is reachable here, so the base image is built from Debian packages (``mmdebstrap``:
-``python3`` and ``python3-venv`` of Debian bookworm) and imported into podman; the Dockerfile
-is then built on it with ``--build-arg BASE_IMAGE``. Podman's settings live in a
-``containers.conf`` that only the tests use (``CONTAINERS_CONF``): ``runc`` (``crun`` fails on
-this kind of machine's hybrid cgroups) and ulimits within the machine's hard limits.
-``.ci/run`` installs podman, runc, mmdebstrap and catatonit; without them the tests skip.
+No registry is reachable here, so both bases are made of Debian 13 (trixie) packages with
+``mmdebstrap`` and imported into podman: the builder (``BUILDER_IMAGE``) a minbase with
+``python3``, ``python3-venv`` and CA certificates; the runtime (``RUNTIME_IMAGE``) what
+distroless ``python3-debian13`` is: the interpreter's packages unpacked without running any
+maintainer script (no shell, no dpkg, no coreutils), plus what distroless adds by hand (the
+merged-``/usr`` links, ``/usr/bin/python3``, a CA bundle, ``root`` and ``nonroot`` (65532) in
+passwd and group, a 1777 ``/tmp``). Podman's settings live in a ``containers.conf`` that only
+the tests use (``CONTAINERS_CONF``): ``runc`` (``crun`` fails on this kind of machine's hybrid
+cgroups) and ulimits within the machine's hard limits. ``.ci/run`` installs podman, runc,
+mmdebstrap and catatonit; without them the tests skip.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from scheduled_events_exporter import __version__
 from tests.k8s_tools import PUBLISHED_IMAGE
 
 REPO = Path(__file__).resolve().parents[1]
-#: The base every test image is built on (``mmdebstrap``; see :func:`ensure_base`).
-BASE = "localhost/see-test-base:bookworm"
-#: The image under test.
+#: The bases the test images are built on (``mmdebstrap``; see :func:`ensure_bases`).
+BUILDER_BASE = "localhost/see-test-builder:trixie"
+RUNTIME_BASE = "localhost/see-test-runtime:trixie"
+#: The images under test: the default target (shell-less) and the ``shell`` target.
 IMAGE = "localhost/scheduled-events-exporter:test"
+SHELL_IMAGE = "localhost/scheduled-events-exporter:test-shell"
 #: What the chart and ``config/k8s/`` name as the exporter's image (tagged to the built one).
 MANIFEST_IMAGE = f"{PUBLISHED_IMAGE}:{__version__}"
 STATE = "/var/lib/scheduled-events-exporter"
@@ -82,28 +88,58 @@ class Podman:
         return self("image", "exists", image, check=False).returncode == 0
 
 
-def ensure_base(podman: Podman, workdir: Path) -> None:
-    """Build :data:`BASE` from Debian packages unless podman already has it (~25 s)."""
-    if podman.exists(BASE):
-        return
-    tarball = workdir / "base.tar"
-    built = subprocess.run(
-        ["mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-         "bookworm", str(tarball)], capture_output=True, text=True, timeout=900, check=False)
+#: What distroless adds by hand to the unpacked packages (an extract hook's shell commands;
+#: "$1" is the tree). Without lib64 every binary fails: the dynamic loader's path.
+_RUNTIME_TOUCHES = [
+    'for d in bin sbin lib lib64; do [ -e "$1/$d" ] || ln -s "usr/$d" "$1/$d"; done',
+    'ln -sf python3.13 "$1/usr/bin/python3"',
+    'mkdir -p "$1/etc/ssl/certs" && cp /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/"',
+    "printf 'root:x:0:0:root:/root:/sbin/nologin\\nnonroot:x:65532:65532:nonroot:"
+    "/home/nonroot:/sbin/nologin\\n' > \"$1/etc/passwd\"",
+    "printf 'root:x:0:\\nnonroot:x:65532:\\n' > \"$1/etc/group\"",
+    'mkdir -p "$1/tmp" "$1/home/nonroot" && chmod 1777 "$1/tmp"',
+    'chown 65532:65532 "$1/home/nonroot"',
+]
+
+
+def _mmdebstrap(podman: Podman, name: str, workdir: Path, args: list[str]) -> None:
+    tarball = workdir / f"{name.rsplit('/', 1)[-1].replace(':', '-')}.tar"
+    built = subprocess.run(["mmdebstrap", *args, "trixie", str(tarball)], capture_output=True,
+                           text=True, timeout=900, check=False)
     assert built.returncode == 0, built.stderr[-3000:]
-    podman("import", "--change", 'CMD ["python3"]', str(tarball), BASE, timeout=300)
+    podman("import", "--change", 'CMD ["python3"]', str(tarball), name, timeout=300)
     tarball.unlink()
 
 
-def build_image(podman: Podman, tag: str = IMAGE, base: str = BASE) -> float:
-    """Build the repository's Dockerfile on ``base``; returns the seconds it took.
+def ensure_bases(podman: Podman, workdir: Path) -> None:
+    """Build :data:`BUILDER_BASE` (~45 s, ~167 MB) and :data:`RUNTIME_BASE` (~10 s, ~51 MB) from
+    Debian 13 packages unless podman already has them."""
+    if not podman.exists(BUILDER_BASE):
+        _mmdebstrap(podman, BUILDER_BASE, workdir,
+                    ["--variant=minbase", "--include=python3,python3-venv,ca-certificates"])
+    if not podman.exists(RUNTIME_BASE):
+        _mmdebstrap(podman, RUNTIME_BASE, workdir, [
+            "--variant=extract", "--include=python3.13-minimal,libpython3.13-stdlib,netbase",
+            *(f"--extract-hook={hook}" for hook in _RUNTIME_TOUCHES)])
+
+
+#: The OCI labels the tests build with (the release workflow passes the same arguments).
+LABELS = {"VERSION": __version__, "REVISION": "0123456789abcdef0123456789abcdef01234567",
+          "CREATED": "2026-11-26T12:00:00Z"}
+
+
+def build_image(podman: Podman, tag: str = IMAGE, target: str | None = None) -> float:
+    """Build the repository's Dockerfile (its default target, or ``target``) on the test bases;
+    returns the seconds it took.
 
     ``--network=host`` and the host's CA bundle let pip inside the build reach the package
     index the way the host does; ``--format docker`` keeps the ``HEALTHCHECK``."""
     started = time.monotonic()
+    args = [f"BUILDER_IMAGE={BUILDER_BASE}", f"RUNTIME_IMAGE={RUNTIME_BASE}",
+            *(f"{k}={v}" for k, v in LABELS.items())]
     podman("build", "--pull=never", "--network=host", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro",
-           "--format", "docker", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(REPO),
-           timeout=900)
+           "--format", "docker", *(a for arg in args for a in ("--build-arg", arg)),
+           *(["--target", target] if target else []), "-t", tag, str(REPO), timeout=900)
     return time.monotonic() - started
 
 
@@ -162,6 +198,11 @@ def namespace_processes(host_pid: int) -> list[Proc]:
                           stat[stat.rindex(")") + 2], uid,
                           tuple(a.decode(errors="replace") for a in argv if a)))
     return found
+
+
+def exec_python(podman: Podman, container: str, code: str) -> subprocess.CompletedProcess[str]:
+    """Run Python ``code`` inside ``container`` (the default image has no shell)."""
+    return podman("exec", container, "python", "-c", code, check=False)
 
 
 def exec_json(podman: Podman, container: str, url: str) -> tuple[int, str]:

@@ -83,7 +83,8 @@ def test_an_idle_sink_is_not_failing_however_long_it_has_been_idle() -> None:
     assert ok and body["warnings"] == []
 
 
-@pytest.mark.parametrize("includes", [frozenset(), frozenset(DOWNSTREAM_CHECKS)], ids=str)
+@pytest.mark.parametrize("includes", [frozenset(), frozenset(DOWNSTREAM_CHECKS)],
+                         ids=["imds only", "downstream too"])
 def test_stale_or_missing_imds_data_is_never_ready(includes: frozenset[str]) -> None:
     assert readiness(inputs(good_age=LIMIT, includes=includes))[0]
     ok, body = readiness(inputs(good_age=LIMIT + 0.5, includes=includes))

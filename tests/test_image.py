@@ -1,15 +1,19 @@
-"""The container image, built from the repository's Dockerfile and run with podman + runc.
+"""The container images, built from the repository's Dockerfile and run with podman + runc.
 
-The base is Debian's own ``python3`` (``tests/containers.py``: no registry is reachable here);
-everything else is the image users build: its size over the base and what it carries, PID 1
-(signals, orphans, a hook's process tree), a pod beside a simulated IMDS with a read-only root
+The bases are Debian 13's own packages (``tests/containers.py``: no registry is reachable
+here): a builder with ``python3`` and ``venv``, and a shell-less runtime made as distroless
+``python3-debian13`` is. Everything else is the images users get: the default image's size and
+what it carries (no shell, no installers, the locked closure, OCI labels, its SBOM), the
+``shell`` target, PID 1 (signals, orphans, a hook's process tree), approval hooks in exec form
+without a shell and in shell form with one, a pod beside a simulated IMDS with a read-only root
 and a state volume, a stop and a start, the shipped memory limit enforced by a real cgroup, and
-the shipped Kubernetes manifests under ``podman kube play``.
+the chart's Kubernetes objects under ``podman kube play``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,19 +23,24 @@ from typing import Any
 import pytest
 import yaml
 
+from scheduled_events_exporter import __version__
 from scheduled_events_exporter.parser import MAX_EVENTS
 from scheduled_events_exporter.simulator import Simulator
 from tests.containers import (
-    BASE,
+    BUILDER_BASE,
     IMAGE,
+    LABELS,
     MANIFEST_IMAGE,
     REPO,
+    RUNTIME_BASE,
+    SHELL_IMAGE,
     STATE,
     Podman,
     build_image,
     cleanup,
-    ensure_base,
+    ensure_bases,
     exec_json,
+    exec_python,
     image_json,
     namespace_processes,
     require_podman,
@@ -47,6 +56,8 @@ pytestmark = pytest.mark.timeout(600)
 UID = 65532
 #: The shipped memory limit (config/k8s/: ``limits: {cpu: 200m, memory: 192Mi}``).
 LIMIT_MIB = 192
+#: The default image's whole size at most (its runtime base is about 51 MB).
+MAX_IMAGE_MB = 112
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +68,18 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
 
 @pytest.fixture(scope="module")
 def image(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The image, built once for the module on the Debian-built base."""
-    ensure_base(podman, tmp_path_factory.mktemp("base"))
+    """The default image (shell-less), built once for the module on the Debian 13 bases."""
+    ensure_bases(podman, tmp_path_factory.mktemp("bases"))
     seconds = build_image(podman)
     print(f"image built in {seconds:.1f} s")
     return IMAGE
+
+
+@pytest.fixture(scope="module")
+def shell_image(podman: Podman, image: str) -> str:
+    """The ``shell`` target (its build stage is the default image's, cached)."""
+    build_image(podman, SHELL_IMAGE, target="shell")
+    return SHELL_IMAGE
 
 
 def run_args(*extra: str, healthcheck: bool = False) -> list[str]:
@@ -74,46 +92,139 @@ def run_args(*extra: str, healthcheck: bool = False) -> list[str]:
 
 # --- what the image is ---------------------------------------------------------------------
 
-def test_the_image_adds_at_most_60_mb_to_its_base_and_no_installers(podman: Podman,
-                                                                     image: str) -> None:
-    sizes = [image_json(podman, name)["Size"] for name in (image, BASE)]
-    assert all(isinstance(size, int) for size in sizes)
-    added = int(sizes[0]) - int(sizes[1])  # type: ignore[call-overload]
-    assert added <= 60_000_000, f"the image adds {added / 1e6:.1f} MB to its base"
-    # Only the virtualenv, the user's passwd and group entries and the state directory.
-    venv = "/opt/scheduled-events-exporter"
-    changed = {line.split()[1] for line in podman("image", "diff", image, BASE).stdout.splitlines()
-               if line.strip()}
-    stray = {path for path in changed - {"/etc", "/etc/passwd", "/etc/group", "/var", "/var/lib",
-                                         "/opt", STATE}
-             if not path.startswith(venv)}
-    assert not stray, stray
+def _layers(podman: Podman, image: str) -> list[tuple[int, str]]:
+    """(bytes, instruction) of each layer that holds anything, oldest first."""
+    layers = json.loads(podman("history", "--format", "json", image).stdout)
+    return [(int(layer["size"]), " ".join(layer["CreatedBy"].split())[:80])
+            for layer in reversed(layers) if int(layer["size"])]
+
+
+_CONTENTS = """\
+import importlib.metadata, importlib.util, json, os, shutil, sys
+venv = "/opt/scheduled-events-exporter"
+print(json.dumps({
+  "prefix": sys.prefix, "uid": os.getuid(), "gid": os.getgid(), "python": sys.version.split()[0],
+  "modules": [m for m in ("pip", "setuptools", "wheel", "_distutils_hack")
+              if importlib.util.find_spec(m)],
+  "tools": [t for t in ("sh", "bash", "dash", "busybox", "apt", "apt-get", "dpkg", "ls", "cat",
+                        "pip", "pip3", "gcc", "cc", "make", "curl") if shutil.which(t)],
+  "bin": sorted(os.listdir(venv + "/bin")),
+  "state": oct(os.stat("/var/lib/scheduled-events-exporter").st_mode & 0o777),
+  "state_owner": os.stat("/var/lib/scheduled-events-exporter").st_uid,
+  "cached_bytecode": sum(f.endswith(".pyc") for _, _, fs in os.walk(venv) for f in fs),
+  "distributions": sorted(f"{d.metadata['Name']}=={d.version}"
+                          for d in importlib.metadata.distributions()),
+}))
+"""
+
+
+def _contents(podman: Podman, image: str) -> dict[str, Any]:
+    seen: dict[str, Any] = json.loads(podman("run", "--rm", "--no-healthcheck", "--entrypoint",
+                                             "python", image, "-c", _CONTENTS).stdout)
+    return seen
+
+
+def _locked(python: str) -> set[str]:
+    """``name==version`` of everything requirements/runtime.lock installs for ``python``."""
+    from tests.test_lock import ENVIRONMENTS, RUNTIME, pins
+
+    (env,) = [e for e in ENVIRONMENTS if e["python_version"] == python
+              and e["platform_machine"] == "x86_64" and e["sys_platform"] == "linux"]
+    return {f"{p.name}=={p.version}" for p in pins(RUNTIME.read_text())
+            if p.marker is None or p.marker.evaluate(env)}
+
+
+def _canonical(spec: str) -> str:
+    name, _, version = spec.partition("==")
+    return f"{re.sub(r'[-_.]+', '-', name).lower()}=={version}"
+
+
+def test_the_default_image_is_small_shell_less_and_holds_the_locked_closure(
+        podman: Podman, image: str) -> None:
+    total = int(image_json(podman, image)["Size"])  # type: ignore[call-overload]
+    base = int(image_json(podman, RUNTIME_BASE)["Size"])  # type: ignore[call-overload]
+    layers = _layers(podman, image)
+    print(f"default image: {total / 1e6:.1f} MB in all; layers: "
+          + "; ".join(f"{size / 1e6:.2f} MB {what}" for size, what in layers))
+    assert total <= MAX_IMAGE_MB * 1_000_000, f"{total / 1e6:.1f} MB > {MAX_IMAGE_MB} MB"
+    # The base, the virtualenv, the state directory: nothing else is added.
+    assert len(layers) == 3, layers
+    assert abs(layers[0][0] - base) < 100_000 and layers[2][0] < 10_000, (layers, base)
     config = image_json(podman, image)["Config"]
     assert isinstance(config, dict)
     assert config["User"] == f"{UID}:{UID}"
     assert config["Entrypoint"] == ["scheduled-events-exporter"] and config["Cmd"] == ["run"]
+    labels = config["Labels"]
+    assert labels["org.opencontainers.image.version"] == __version__ == LABELS["VERSION"]
+    assert labels["org.opencontainers.image.revision"] == LABELS["REVISION"]
+    assert labels["org.opencontainers.image.created"] == LABELS["CREATED"]
+    assert labels["org.opencontainers.image.licenses"] == "MIT"
+    assert labels["org.opencontainers.image.source"].startswith("https://github.com/")
+    assert labels["org.opencontainers.image.title"] == "azure-scheduled-events-exporter"
     healthcheck = image_json(podman, image)["Healthcheck"]  # (podman keeps it beside Config)
     assert isinstance(healthcheck, dict), healthcheck
     assert healthcheck["Test"] == ["CMD", "scheduled-events-exporter", "probe"]
-    probe = ("import importlib.util, json, os, shutil, sys\n"
-             f"venv = {venv!r}\n"
-             "print(json.dumps({'prefix': sys.prefix, 'uid': os.getuid(), 'gid': os.getgid(),\n"
-             "  'modules': [m for m in ('pip', 'setuptools', 'wheel', '_distutils_hack')\n"
-             "              if importlib.util.find_spec(m)],\n"
-             "  'tools': [t for t in ('pip', 'pip3', 'gcc', 'cc', 'make') if shutil.which(t)],\n"
-             "  'bin': sorted(os.listdir(venv + '/bin')),\n"
-             "  'state': oct(os.stat('/var/lib/scheduled-events-exporter').st_mode & 0o777),\n"
-             "  'cached_bytecode': sum(f.endswith('.pyc') for _, _, fs in os.walk(venv)\n"
-             "                         for f in fs)}))\n")
-    seen = json.loads(podman("run", "--rm", "--no-healthcheck", "--entrypoint", "python", image,
-                             "-c", probe).stdout)
-    assert seen["prefix"] == venv, seen
-    assert (seen["uid"], seen["gid"]) == (UID, UID) and seen["state"] == "0o700", seen
-    assert seen["modules"] == [] and seen["tools"] == [], seen
+    seen = _contents(podman, image)
+    assert seen["prefix"] == "/opt/scheduled-events-exporter", seen
+    assert (seen["uid"], seen["gid"]) == (UID, UID), seen
+    assert (seen["state"], seen["state_owner"]) == ("0o700", UID), seen
+    assert seen["modules"] == [] and seen["tools"] == [], seen  # no shell, no installer
     assert not [name for name in seen["bin"] if name.startswith(("pip", "activate"))], seen
     assert seen["cached_bytecode"] > 1000, "bytecode is compiled at build time (read-only root)"
+    # Exactly the locked closure (every file of it installed with its hash checked) and the
+    # exporter itself.
+    installed = {_canonical(d) for d in seen["distributions"]}
+    expected = _locked(seen["python"].rsplit(".", 1)[0]) | {
+        f"azure-scheduled-events-exporter=={__version__}"}
+    assert installed == expected, (sorted(installed - expected), sorted(expected - installed))
     version = podman("run", "--rm", "--no-healthcheck", image, "version").stdout.strip()
-    assert version and version[0].isdigit(), version
+    assert version == __version__
+
+
+def test_the_shell_image_is_the_same_exporter_with_a_shell(podman: Podman, image: str,
+                                                           shell_image: str) -> None:
+    seen, default = _contents(podman, shell_image), _contents(podman, image)
+    assert "sh" in seen["tools"] and seen["distributions"] == default["distributions"], seen
+    assert (seen["uid"], seen["state"], seen["state_owner"]) == (UID, "0o700", UID), seen
+    assert seen["python"] == default["python"], "one interpreter in both stages"
+    labels = image_json(podman, shell_image)["Config"]["Labels"]  # type: ignore[index]
+    assert labels["org.opencontainers.image.version"] == __version__  # type: ignore[index]
+    print(f"shell image: {int(image_json(podman, shell_image)['Size']) / 1e6:.1f} MB in all; "  # type: ignore[call-overload]
+          "layers: " + "; ".join(f"{size / 1e6:.2f} MB {what}"
+                                 for size, what in _layers(podman, shell_image)))
+
+
+def test_a_shell_form_hook_is_refused_without_a_shell_with_what_to_use(podman: Podman,
+                                                                      image: str) -> None:
+    for command in ("check-config", "run"):
+        done = podman("run", "--rm", "--no-healthcheck", "-e", "SEE_APPROVE=user",
+                      "-e", "SEE_APPROVE_HOOK=kubectl drain x && echo done", "-e", "SEE_STATE_DIR=",
+                      image, command, check=False)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        (line,) = [x for x in done.stderr.splitlines() if "SEE_APPROVE_HOOK" in x]
+        assert "needs /bin/sh" in line and "JSON array of strings" in line and "-shell" in line
+
+
+def test_the_sbom_of_the_image_lists_exactly_the_locked_distributions(
+        podman: Podman, image: str, tmp_path: Path) -> None:
+    """CycloneDX (cyclonedx-bom, as the release attaches) of the image's Python environment,
+    made by the builder base's interpreter (the same Python) with the image mounted."""
+    script = ("python3 -m venv /tmp/tool && /tmp/tool/bin/pip install -q --disable-pip-version-"
+              "check cyclonedx-bom==7.5.0 && /tmp/tool/bin/cyclonedx-py environment --output-"
+              "format JSON --output-file /out/sbom.json /image/opt/scheduled-events-exporter/bin/"
+              "python")
+    podman("run", "--rm", "--network=host", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro",
+           "-v", f"{tmp_path}:/out", "--mount", f"type=image,source={image},destination=/image",
+           BUILDER_BASE, "sh", "-euc", script, timeout=600)
+    sbom = json.loads((tmp_path / "sbom.json").read_text())
+    assert sbom["bomFormat"] == "CycloneDX"
+    listed = {_canonical(f"{c['name']}=={c['version']}") for c in sbom["components"]}
+    seen = _contents(podman, image)
+    # The locked distributions, and the exporter itself (installed from its own wheel).
+    expected = _locked(seen["python"].rsplit(".", 1)[0]) | {
+        f"azure-scheduled-events-exporter=={__version__}"}
+    assert listed == expected, (sorted(listed - expected), sorted(expected - listed))
+    assert {c["type"] for c in sbom["components"]} == {"library"}, sbom["components"][:2]
 
 
 # --- in a pod beside a simulated IMDS ------------------------------------------------------
@@ -140,7 +251,7 @@ def test_in_a_pod_beside_a_simulated_imds_with_a_read_only_root_stopped_and_star
             # The image's own HEALTHCHECK command, run by podman inside the container.
             checked = podman("healthcheck", "run", exporter, check=False)
             assert checked.returncode == 0, checked.stdout + checked.stderr
-            wrote = podman("exec", exporter, "sh", "-c", "touch /probe", check=False)
+            wrote = exec_python(podman, exporter, "open('/probe', 'w')")
             assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, wrote
             stopped_at = time.monotonic()
             podman("stop", "-t", "20", exporter)
@@ -187,22 +298,42 @@ def _schedule(sim: Simulator, proc: ExporterProcess, event_id: str, outcome: str
                               for r in proc.records()), 30, f"{outcome} of {event_id}")
 
 
-@pytest.mark.parametrize("init", [False, True], ids=["exporter-is-pid-1", "podman-init"])
-def test_pid_1_reaps_what_hooks_leave_and_a_stop_exits_0(podman: Podman, image: str,
-                                                         init: bool) -> None:
+#: Hooks that leave a background child behind, orphaned when the hook exits: in exec form (the
+#: default image has no shell) and in shell form (the shell image).
+_ORPHANING = {
+    "exec": json.dumps(["python3", "-c", "import subprocess; subprocess.Popen(['python3', '-c', "
+                        "'import time; time.sleep(0.2)']); print('draining')"]),
+    "shell": "sleep 0.2 & echo draining",
+}
+_HANGING = {
+    "exec": json.dumps(["python3", "-c", "import subprocess, time; subprocess.Popen(['python3', "
+                        "'-c', 'import time; time.sleep(600)']); time.sleep(600)"]),
+    "shell": "sleep 600 & sleep 600",
+}
+
+
+def _hook_children(root: int) -> list[Any]:
+    return [p for p in namespace_processes(root)
+            if p.comm == "sleep" or any("time.sleep" in a for a in p.argv)]
+
+
+@pytest.mark.parametrize(("form", "init"), [("exec", False), ("exec", True), ("shell", False)],
+                         ids=["exec-form, exporter-is-pid-1", "exec-form, podman-init",
+                              "shell-form in the shell image"])
+def test_pid_1_reaps_what_hooks_leave_and_a_stop_exits_0(
+        podman: Podman, image: str, shell_image: str, form: str, init: bool) -> None:
     name = unique("see-pid1")
+    used = shell_image if form == "shell" else image
     with cleanup(podman, containers=[name]), Simulator(vm_name="vm-test") as sim:
-        # Each approval's hook leaves a background child behind, orphaned when the hook exits.
         command = podman.command(*run_args("--name", name, "--network", "host",
                                            *(["--init"] if init else []),
-                                           *_hook_env(sim, "sleep 0.2 & echo draining")), image)
+                                           *_hook_env(sim, _ORPHANING[form])), used)
         with ExporterProcess({}, command=command) as proc:
-            for i in range(10):
+            for i in range(10):  # each approved: the hook ran and exited 0
                 _schedule(sim, proc, f"E{i}", "approved")
             root = int(podman.inspect(name, "{{.State.Pid}}"))
             # Ended, whether reaped or left as zombies: the assertion below tells which.
-            wait_until(lambda: not any(p.comm == "sleep" and p.state != "Z"
-                                       for p in namespace_processes(root)),
+            wait_until(lambda: all(p.state == "Z" for p in _hook_children(root)),
                        10, "the hooks' background children to end")
             procs = namespace_processes(root)
             assert [p for p in procs if p.state == "Z"] == [], procs
@@ -218,18 +349,19 @@ def test_pid_1_reaps_what_hooks_leave_and_a_stop_exits_0(podman: Podman, image: 
         assert podman.inspect(name, "{{.State.ExitCode}}") == "0"
 
 
-def test_a_hook_past_its_timeout_loses_its_whole_process_tree(podman: Podman,
-                                                              image: str) -> None:
+@pytest.mark.parametrize("form", ["exec", "shell"])
+def test_a_hook_past_its_timeout_loses_its_whole_process_tree(
+        podman: Podman, image: str, shell_image: str, form: str) -> None:
     name = unique("see-hook")
+    used = shell_image if form == "shell" else image
     with cleanup(podman, containers=[name]), Simulator(vm_name="vm-test") as sim:
         command = podman.command(*run_args("--name", name, "--network", "host",
-                                           *_hook_env(sim, "sleep 600 & sleep 600", timeout=1)),
-                                 image)
+                                           *_hook_env(sim, _HANGING[form], timeout=1)), used)
         with ExporterProcess({}, command=command) as proc:
             _schedule(sim, proc, "SLOW", "approval_skipped")
             root = int(podman.inspect(name, "{{.State.Pid}}"))
-            wait_until(lambda: not any(p.comm == "sleep" or p.state == "Z"
-                                       for p in namespace_processes(root)), 10,
+            wait_until(lambda: not _hook_children(root) and not any(
+                p.state == "Z" for p in namespace_processes(root)), 10,
                        "the hook's tree to be killed and reaped")
             skipped = next(r for r in proc.records() if r["Transition"] == "approval_skipped")
             assert skipped["ApprovalReason"] == "hook_failed", skipped
@@ -391,10 +523,11 @@ def _exporter_in_pod(podman: Podman, container: str, health: int, state_on_host:
     limits = podman.inspect(container, "{{.HostConfig.Memory}} {{.HostConfig.CpuQuota}} "
                                        "{{.HostConfig.CpuPeriod}}").split()
     assert [int(x) for x in limits] == [LIMIT_MIB * 2**20, 20_000, 100_000], limits
-    wrote = podman("exec", container, "sh", "-c", "touch /probe", check=False)
+    wrote = exec_python(podman, container, "open('/probe', 'w')")
     assert "Read-only file system" in wrote.stderr, wrote
-    listed = podman("exec", container, "ls", "-ln", STATE).stdout
-    assert "state.json" in listed and f" {UID} {UID} " in listed, listed
+    owner = exec_python(podman, container, "import os; s = os.stat("
+                        f"'{STATE}/state.json'); print(s.st_uid, s.st_gid)").stdout.split()
+    assert owner == [str(UID), str(UID)], owner
     if state_on_host is not None:
         assert (state_on_host / "state.json").stat().st_uid == UID
         assert state_on_host.stat().st_mode & 0o777 == 0o700

@@ -1,0 +1,107 @@
+"""The lock (requirements/runtime.lock, requirements/build.lock; tools/lock.py) is the whole
+closure ``pyproject.toml`` asks for, one hashed version per distribution and environment:
+checked offline against the declared requirements, and by resolving again as of the date the
+lock records (a change to ``pyproject.toml`` without a new lock fails)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME = REPO / "requirements" / "runtime.lock"
+BUILD = REPO / "requirements" / "build.lock"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+#: The environments the lock serves: the image (Python 3.13, x86-64 and Arm64), the systemd
+#: unit on Ubuntu 22.04 and 24.04 (3.10, 3.12), the Windows service, CI's 3.11.
+ENVIRONMENTS = [
+    {"python_version": v, "python_full_version": f"{v}.0", "sys_platform": p,
+     "platform_system": s, "platform_machine": m, "implementation_name": "cpython",
+     "platform_python_implementation": "CPython", "os_name": o}
+    for v in ("3.10", "3.11", "3.12", "3.13")
+    for p, s, m, o in (("linux", "Linux", "x86_64", "posix"), ("linux", "Linux", "aarch64",
+                                                                 "posix"),
+                       ("win32", "Windows", "AMD64", "nt"))
+]
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str
+    version: Version
+    marker: Marker | None
+    hashes: int
+
+
+def pins(text: str) -> list[Pin]:
+    """Each ``name==version [; marker]`` entry of a uv lock, with its number of hashes."""
+    found = []
+    for entry in re.split(r"\n(?=[A-Za-z0-9])", text):
+        first = entry.split(" \\", 1)[0].strip()
+        if not first or first.startswith("#"):
+            continue
+        requirement = Requirement(first)
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", first
+        found.append(Pin(canonicalize_name(requirement.name), Version(spec.version),
+                         requirement.marker, entry.count("--hash=sha256:")))
+    return found
+
+
+def unmet(requirements: list[str], locked: list[Pin]) -> list[str]:
+    """Every requirement that the lock does not satisfy with exactly one version in some
+    environment where it applies."""
+    problems = []
+    for env in ENVIRONMENTS:
+        here = [p for p in locked if p.marker is None or p.marker.evaluate(env)]
+        for text in requirements:
+            requirement = Requirement(text)
+            if requirement.marker is not None and not requirement.marker.evaluate(env):
+                continue
+            versions = [p.version for p in here
+                        if p.name == canonicalize_name(requirement.name)]
+            if len(versions) != 1 or versions[0] not in requirement.specifier:
+                problems.append(f"{text} on {env['sys_platform']} {env['platform_machine']} "
+                                f"Python {env['python_version']}: lock has {versions}")
+    return problems
+
+
+def test_every_runtime_requirement_is_locked_once_per_environment() -> None:
+    locked = pins(RUNTIME.read_text())
+    assert unmet(PYPROJECT["project"]["dependencies"], locked) == []
+    assert unmet(PYPROJECT["build-system"]["requires"], pins(BUILD.read_text())) == []
+    for env in ENVIRONMENTS:  # one version of each distribution per environment
+        names = [p.name for p in locked if p.marker is None or p.marker.evaluate(env)]
+        assert len(names) == len(set(names)), env
+
+
+def test_every_locked_distribution_carries_hashes() -> None:
+    for path in (RUNTIME, BUILD):
+        for pin in pins(path.read_text()):
+            assert pin.hashes >= 1, f"{path.name}: {pin.name} has no hash"
+
+
+def test_the_offline_check_sees_a_requirement_the_lock_does_not_meet() -> None:
+    locked = pins(RUNTIME.read_text())
+    urllib3 = next(p for p in locked if p.name == "urllib3")
+    assert unmet([f"urllib3>{urllib3.version}"], locked) != []
+    assert unmet(["not-locked-anywhere==1.0"], locked) != []
+    assert unmet([f"urllib3=={urllib3.version}; sys_platform == 'darwin'"], locked) == []
+
+
+@pytest.mark.timeout(300)
+def test_resolving_again_as_of_the_recorded_date_gives_the_same_lock() -> None:
+    # Needs the package index (as installing does); the date keeps the answer stable.
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "lock.py"), "--check"],
+                          capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
