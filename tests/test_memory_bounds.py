@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scheduled_events_exporter.parser import MAX_DOCUMENT_BYTES, MAX_EVENTS
 from scheduled_events_exporter.simulator import Simulator
@@ -30,8 +31,9 @@ SHIPPED_LIMIT_MB = 192.0
 
 
 def shipped_limit_mb() -> float:
-    text = (REPO / "config" / "k8s" / "daemonset.yaml").read_text()
-    assert "limits: {cpu: 200m, memory: 192Mi}" in text
+    chart = yaml.safe_load((REPO / "charts" / "azure-scheduled-events-exporter" /
+                            "values.yaml").read_text())
+    assert chart["resources"]["limits"] == {"cpu": "200m", "memory": "192Mi"}
     assert "MemoryMax=192M" in (REPO / "config" / "systemd" /
                                 "scheduled-events-exporter.service").read_text()
     return SHIPPED_LIMIT_MB
