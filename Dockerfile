@@ -27,6 +27,8 @@ RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
     fi
 
 FROM builder AS build
+# A private mirror of the package index, if any: the lock's hashes still decide what installs.
+ARG PIP_INDEX_URL
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore \

@@ -139,10 +139,14 @@ def test_an_extra_variable_replaces_the_charts_own_in_place() -> None:
     (["--set-string", "ports.health=eighty"], "/ports/health"),
     (["--set", "hostNetwork=maybe"], "/hostNetwork"),
     (["--set", "state.type=pvc"], "/state/type"),
-    (["--set", "config.pollInterval=0.01"], "/config/pollInterval"),
+    (["--set-json", "config.pollInterval=0.01"], "/config/pollInterval"),
     (["--set", "image.digest=latest"], "/image/digest"),
+    (["--set", "config.pollInterval=fast"], "/config/pollInterval"),
+    (["--set", "eventhubs.workloadIdentity.namespace=myns"],
+     "/eventhubs/workloadIdentity/namespace"),
 ], ids=["misspelt key", "misspelt nested key", "port as text", "bool as text", "unknown state",
-        "poll too fast", "digest not a digest"])
+        "poll too fast", "digest not a digest", "poll not a number",
+        "namespace not fully qualified"])
 def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
     done = helm("template", "x", str(CHART), *args, check=False)
     assert done.returncode != 0 and says in done.stderr, done.stderr
@@ -159,11 +163,24 @@ def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
     (["--set", "extraEnv[0].name=A", "--set", "extraEnv[1].name=A"], "extraEnv names A twice"),
     (["--set", "serviceMonitor.enabled=true"], "needs service.enabled"),
     (["--set", "otlp.metrics=true"], "needs otlp.enabled"),
+    (["--set", "config.shutdownTimeout=28"], "must be above config.shutdownTimeout (28) + 5"),
+    (["--set", "config.pollInterval=0.01"], "config.pollInterval=0.01: expected a number of "
+     "seconds from 0.2 to 3600"),
 ], ids=["no credential", "two credentials", "identity incomplete", "no sink", "one port",
-        "extraEnv twice", "monitor without service", "otlp metrics without otlp"])
+        "extraEnv twice", "monitor without service", "otlp metrics without otlp",
+        "grace too short", "poll too fast as text"])
+
 def test_the_chart_says_what_to_set(args: list[str], says: str) -> None:
     done = helm("template", "x", str(CHART), *args, check=False)
     assert done.returncode != 0 and says in done.stderr, done.stderr
+
+
+def test_fractional_settings_pass_through_set_as_helm_gives_them() -> None:
+    # `--set` passes 0.5 as text: accepted, and rendered as the exporter reads it.
+    env = env_of(exporter(rendered(None, "--set", "config.pollInterval=0.5",
+                                   "--set", "config.stalenessLimit=2.5")))
+    assert (env["SEE_POLL_INTERVAL"]["value"], env["SEE_STALENESS_LIMIT"]["value"]) == (
+        "0.5", "2.5")
 
 
 # --- what the defaults and the values files render ----------------------------------------

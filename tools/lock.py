@@ -93,6 +93,9 @@ def main(argv: list[str]) -> int:
                     print(f"{path.relative_to(REPO)} no longer matches pyproject.toml: run "
                           "python tools/lock.py and commit the result", file=sys.stderr)
                     status = 1
+                else:
+                    print(f"{path.relative_to(REPO)} matches pyproject.toml (resolved again "
+                          f"as of {recorded_date(path)})")
         else:
             today = datetime.now(timezone.utc).strftime("%Y-%m-%dT00:00:00Z")
             path.parent.mkdir(exist_ok=True)

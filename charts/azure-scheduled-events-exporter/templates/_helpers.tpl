@@ -86,6 +86,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "eventhubs.workloadIdentity needs namespace (e.g. myns.servicebus.windows.net) and clientId (the managed identity's client id)" }}
 {{- end }}
 {{- end }}
+{{- range $key, $range := dict "pollInterval" (list 0.2 3600.0) "stalenessLimit" (list 1.0 86400.0) "shutdownTimeout" (list 0.0 600.0) }}
+{{- $value := float64 (index $.Values.config $key) }}
+{{- if or (lt $value (index $range 0)) (gt $value (index $range 1)) }}
+{{- fail (printf "config.%s=%v: expected a number of seconds from %v to %v" $key (index $.Values.config $key) (index $range 0) (index $range 1)) }}
+{{- end }}
+{{- end }}
+{{- if lt (float64 .Values.terminationGracePeriodSeconds) (addf (float64 .Values.config.shutdownTimeout) 5) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be above config.shutdownTimeout (%v) + 5 s: the drain and the shutdown watchdog must fit before the kubelet kills the pod" .Values.terminationGracePeriodSeconds .Values.config.shutdownTimeout) }}
+{{- end }}
 {{- if eq (int .Values.ports.health) (int .Values.ports.metrics) }}
 {{- fail (printf "ports.health and ports.metrics are both %v: the health and metrics servers need a port each" .Values.ports.health) }}
 {{- end }}
