@@ -4,6 +4,7 @@ still count, so a sink that delivers nothing while a flood overflows its spool i
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -87,3 +88,22 @@ def test_without_drops_the_oldest_queued_record_sets_the_wait() -> None:
         worker.submit([record(2)])
         now[0] += 5.0
         assert worker.status().oldest_wait == 10.0 and worker.status().dropped == 0
+
+
+def test_a_peer_that_says_retry_after_is_waited_for_before_the_next_attempt() -> None:
+    # The worker's own first backoff is 0.25-0.5 s; the collector asks for 1.5 s.
+    attempts: list[float] = []
+
+    def deliver(records: Sequence[TransitionRecord]) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise DeliveryError("busy", retry_after=1.5)
+
+    worker = DeliveryWorker("otlp", deliver, lambda *_: None, max_records=10)
+    worker.start()
+    try:
+        worker.submit([record(1)])
+        assert worker.flush(10), "delivered after the wait"
+    finally:
+        worker.stop(5)
+    assert len(attempts) == 2 and attempts[1] - attempts[0] >= 1.45, attempts

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from scheduled_events_exporter.sinks.base import FailureKind
 from scheduled_events_exporter.sinks.otlp_errors import classify_grpc, classify_http, export_error
+from scheduled_events_exporter.sinks.otlp_transport import Answer
 from scheduled_events_exporter.state import write_all
 from scheduled_events_exporter.write_faults import describe_os_error
 
@@ -54,12 +55,16 @@ def test_grpc_statuses(name: str | None, kind: FailureKind) -> None:
 
 
 def test_export_error_messages_name_the_status_and_what_to_check() -> None:
-    assert export_error(None, 3).kind is T and "no answer" in str(export_error(None, 3))
-    auth = export_error(401, 1)
+    refused = export_error(Answer(False, None, detail="Connection refused"), 3)
+    assert refused.kind is T and "no answer: Connection refused" in str(refused)
+    auth = export_error(Answer(False, 401), 1)
     assert auth.kind is C and auth.status == "HTTP 401"
     assert "authentication failed" in str(auth) and "OTEL_EXPORTER_OTLP_HEADERS" in str(auth)
-    bad = export_error("INVALID_ARGUMENT", 1)
+    bad = export_error(Answer(False, "INVALID_ARGUMENT", detail="log record too large"), 1)
     assert bad.kind is P and bad.status == "gRPC INVALID_ARGUMENT"
+    assert "log record too large" in str(bad)  # the collector's own words
+    busy = export_error(Answer(False, 429, retry_after=7.0), 2)
+    assert busy.kind is T and busy.retry_after == 7.0
 
 
 def test_eventhubs_sdk_errors() -> None:

@@ -52,7 +52,6 @@ def test_keeper_opens_at_the_first_export_and_closes_after_the_linger() -> None:
     assert channel.opened == 0  # nothing until there is something to export
     assert keeper.export(lambda: channel.open_now) is True
     wait_until(lambda: channel.closed == 1, 5, "the idle channel closed")
-    assert not keeper.is_open
     assert keeper.export(lambda: "second") == "second"
     assert channel.opened == 2
     wait_until(lambda: channel.closed == 2, 5, "closed again")
@@ -61,46 +60,66 @@ def test_keeper_opens_at_the_first_export_and_closes_after_the_linger() -> None:
 def test_keeper_keeps_one_channel_through_a_burst() -> None:
     channel = Channel()
     keeper = ChannelKeeper(channel.open, channel.close, linger=0.5)
-    end = time.monotonic() + 1.5  # three lingers' worth of exports, 50 ms apart
+    end = time.monotonic() + 1.5  # three lingers' worth of exports, one every 50 ms
     while time.monotonic() < end:
         keeper.export(lambda: None)
-        time.sleep(0.05)
+        time.sleep(0.05)  # the exports' own pace, not a wait for something to happen
     assert (channel.opened, channel.closed) == (1, 0)
     wait_until(lambda: channel.closed == 1, 5, "closed after the burst")
 
 
 def test_keeper_never_closes_during_an_export() -> None:
+    # A linger far shorter than an export: the closing timer fires again and again while
+    # exports run on two threads. Every close must fall between exports.
     channel = Channel()
-    keeper = ChannelKeeper(channel.open, channel.close, linger=0.05)
-    keeper.export(lambda: None)
-    inside = threading.Event()
-    release = threading.Event()
+    running = [0]
+    overlaps: list[int] = []
+    guard = threading.Lock()
 
-    def slow_export() -> bool:
-        inside.set()
-        release.wait(5)
-        return channel.open_now
+    def close() -> None:
+        with guard:
+            if running[0]:
+                overlaps.append(running[0])
+        channel.close()
 
-    result: list[bool] = []
-    worker = threading.Thread(target=lambda: result.append(keeper.export(slow_export)))
-    worker.start()
-    assert inside.wait(5)
-    time.sleep(0.3)  # six lingers pass while the export runs: the channel must stay open
-    assert channel.open_now
-    release.set()
-    worker.join(5)
-    assert result == [True]
+    keeper = ChannelKeeper(channel.open, close, linger=0.0005)
+
+    def export() -> None:
+        with guard:
+            running[0] += 1
+        assert channel.open_now
+        time.sleep(0.001)  # the export's own work
+        with guard:
+            running[0] -= 1
+
+    def exports() -> None:
+        for i in range(150):
+            keeper.export(export)
+            if i % 3 == 0:
+                time.sleep(0.003)  # now and then a gap longer than the linger: a close
+
+    workers = [threading.Thread(target=exports) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    wait_until(lambda: not channel.open_now, 5, "the last channel closed")
+    assert overlaps == [] and channel.opened == channel.closed > 1, (overlaps, channel.opened)
 
 
-def test_keeper_after_stop_opens_nothing() -> None:
+def test_keeper_closes_at_once_when_discarded_or_stopped_and_reopens_only_when_discarded(
+) -> None:
     channel = Channel()
-    keeper = ChannelKeeper(channel.open, channel.close, linger=0.1)
+    keeper = ChannelKeeper(channel.open, channel.close, linger=60)
     keeper.export(lambda: None)
+    keeper.discard()  # what an UNAVAILABLE answer does: the next export connects afresh
+    assert (channel.opened, channel.closed) == (1, 1)
+    keeper.export(lambda: None)
+    assert channel.opened == 2 and channel.open_now
     keeper.stop()
-    assert keeper.export(lambda: "after stop") == "after stop"
-    assert channel.opened == 1
-    time.sleep(0.3)
-    assert channel.closed == 0  # closing is the SDK's shutdown's job once stopped
+    assert channel.closed == 2 and not channel.open_now
+    assert keeper.export(lambda: "after stop") == "after stop"  # runs, opens nothing
+    assert channel.opened == 2
 
 
 def test_keeper_survives_a_raising_export() -> None:
@@ -163,8 +182,8 @@ def test_idle_exporter_runs_no_grpc_thread_and_reopens_for_the_next_change(
             rotel.wait_for_logs(ours, count=1, timeout=30)
             wait_until(lambda: not grpc_threads(pid), LINGER + 20,
                        f"gRPC threads gone once idle (left: {grpc_threads(pid)})")
-            # Idle now: nothing to export, and nothing of gRPC's running.
-            time.sleep(1.0)
+            # Idle now: polling goes on (four more polls), and nothing of gRPC's runs.
+            assert sim.wait_for_requests(len(sim.requests) + 4, timeout=20)
             assert grpc_threads(pid) == []
 
             sim.set_events([freeze("Started")])

@@ -13,17 +13,16 @@ from datetime import datetime, timedelta, timezone
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from scheduled_events_exporter.model import InstanceInfo
 from scheduled_events_exporter.parser import DocumentError, parse_document
 from scheduled_events_exporter.records import for_log, make_record, to_columns
 from scheduled_events_exporter.sinks.console import render
 from scheduled_events_exporter.sinks.eventhubs import transition_message
-from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry, to_log_record
+from scheduled_events_exporter.sinks.otlp_proto import logs_request, metrics_request
+from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
 from scheduled_events_exporter.tracker import Evidence, TrackerState, track
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -74,7 +73,6 @@ def test_no_document_makes_any_stage_raise(docs: list[object], boot: str) -> Non
     reader = InMemoryMetricReader()
     telemetry = Telemetry(readers=[reader], wall=lambda: T0)
     resource = Resource.create({})
-    scope = InstrumentationScope("property")
     instance = InstanceInfo(vm_name="vm1", vm_id="id")
     state = TrackerState()
     for step, doc in enumerate(docs):
@@ -93,10 +91,10 @@ def test_no_document_makes_any_stage_raise(docs: list[object], boot: str) -> Non
             for_log(record.record_id).encode()
             telemetry.record_transition(record)
         if records:
-            encode_logs([to_log_record(r, resource, scope) for r in records]).SerializeToString()
+            logs_request(records, resource).SerializeToString()
         for anomaly in parsed.anomalies:
             telemetry.record_anomaly(anomaly.kind)
         telemetry.publish(GaugeSnapshot(events=tuple(k.event for k in state.events.values()),
                                         vm_name="vm1", incarnation=state.incarnation))
-        reader.get_metrics_data()
+        metrics_request(reader.get_metrics_data()).SerializeToString()  # type: ignore[arg-type]
         telemetry.per_event_metrics()

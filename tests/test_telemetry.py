@@ -14,22 +14,29 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent
-from scheduled_events_exporter.sinks.otlp import CountingMetricExporter
-from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry, build_resource
+from scheduled_events_exporter.telemetry import (
+    ExtraMetrics,
+    GaugeSnapshot,
+    Telemetry,
+    add_metrics,
+    build_resource,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 class Capture(MetricExporter):
-    """Keeps what it is asked to export (the SDK ships no in-memory exporter)."""
+    """Keeps what it is asked to export, with the per-event gauges every metric exporter of the
+    exporter appends (the SDK ships no in-memory exporter)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: ExtraMetrics = list) -> None:
         super().__init__()
         self.exports: list[MetricsData] = []
+        self._extra = extra
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
-        self.exports.append(metrics_data)
+        self.exports.append(add_metrics(metrics_data, self._extra()))
         return MetricExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -52,13 +59,9 @@ def points(exporter: Capture, name: str) -> list[dict[str, object]]:
 
 
 def test_per_event_series_never_accumulate_past_the_sdk_cardinality_limit() -> None:
-    inner = Capture()
     telemetry: Telemetry
-    reader = PeriodicExportingMetricReader(
-        CountingMetricExporter(inner, "test", lambda *_: None,
-                               extra=lambda: telemetry.per_event_metrics()),
-        export_interval_millis=10**9,
-    )
+    inner = Capture(extra=lambda: telemetry.per_event_metrics())
+    reader = PeriodicExportingMetricReader(inner, export_interval_millis=10**9)
     telemetry = Telemetry(readers=[reader], wall=lambda: NOW)
     try:
         # More distinct events over a VM's life than the SDK's 2000 attribute sets per

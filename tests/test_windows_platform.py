@@ -206,6 +206,10 @@ class FakeJobs:
         self._call("create_job")
         return 77
 
+    def open_process(self, pid: int) -> int:
+        self._call("open_process", pid)
+        return 4242
+
     def assign_to_job(self, job: int, process: int) -> None:
         self._call("assign_to_job", job, process)
 
@@ -228,7 +232,7 @@ class FakePopen:
 
     def __init__(self, argv: list[str], **kwargs: Any) -> None:
         self.argv, self.kwargs = argv, kwargs
-        self._handle, self.pid, self.returncode = 4242, 4343, None
+        self.pid, self.returncode = 4343, None
         self.stdin = self.stdout = None
         self.killed = False
         FakePopen.instances.append(self)
@@ -262,7 +266,9 @@ def test_windows_hook_starts_suspended_in_a_job_then_resumes() -> None:
     assert flags & 0x4 and flags & 0x200 and flags & 0x08000000  # suspended, own group, no window
     assert proc.argv[0].startswith(r"D:\Win")  # PowerShell from the SystemRoot it was given
     assert proc.kwargs["env"] == {"SystemRoot": r"D:\Win", "PATH": r"C:\bin"}
-    assert jobs.calls == [("create_job",), ("assign_to_job", 77, 4242), ("resume_process", 4242)]
+    # A handle of its own to the process (4343's: 4242), in the job, resumed, then closed.
+    assert jobs.calls == [("open_process", 4343), ("create_job",), ("assign_to_job", 77, 4242),
+                          ("resume_process", 4242), ("close_handle", 4242)]
 
 
 def test_windows_hook_tree_is_killed_through_its_job_at_the_timeout() -> None:
@@ -290,6 +296,17 @@ def test_windows_hook_that_cannot_resume_is_killed_and_reported() -> None:
     with pytest.raises(OSError):
         WindowsShell(jobs, popen=FakePopen).start("x", {})  # type: ignore[arg-type]
     assert ("terminate_job", 77) in jobs.calls and FakePopen.instances[0].killed
+    assert ("close_handle", 4242) in jobs.calls  # the process handle is not leaked
+
+
+def test_windows_hook_that_cannot_be_opened_is_killed_and_reported() -> None:
+    jobs, FakePopen.instances[:] = FakeJobs(fail={"open_process"}), []
+    killed: list[list[str]] = []
+    with pytest.raises(OSError):
+        WindowsShell(jobs, popen=FakePopen,  # type: ignore[arg-type]
+                     taskkill=killed.append).start("x", {})
+    assert killed == [["taskkill", "/T", "/F", "/PID", "4343"]] and FakePopen.instances[0].killed
+    assert not any(c[0] in ("create_job", "resume_process") for c in jobs.calls)
 
 
 def test_windows_hook_environment_keeps_what_windows_needs_and_no_secret() -> None:

@@ -20,28 +20,18 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import SplitResult, urlsplit
 
-from scheduled_events_exporter import api_versions
+from scheduled_events_exporter import api_versions, otlp_settings
 from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_config
 from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
+from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.redact import REDACTED, is_secret_name, scrub, shown
 
 SINK_NAMES = ("otlp", "eventhubs", "console")
-OTLP_PROTOCOLS = ("http/protobuf", "grpc")
 #: OTEL_METRICS_EXPORTER values we implement (OTel SDK environment variable specification).
 METRICS_EXPORTER_NAMES = ("otlp", "prometheus", "none")
 #: Variables whose values are secrets (never printed, logged or put in health output).
-SECRET_VARIABLES = frozenset(
-    {
-        "SEE_EVENTHUB_CONNECTION_STRING",
-        "OTEL_EXPORTER_OTLP_HEADERS",
-        "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
-        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
-        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
-        "OTEL_EXPORTER_OTLP_LOGS_CLIENT_KEY",
-        "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
-    }
-)
+SECRET_VARIABLES = frozenset({"SEE_EVENTHUB_CONNECTION_STRING", *otlp_settings.SECRETS})
 _OTEL_SHOWN_PREFIXES = (
     "OTEL_EXPORTER_OTLP_",
     "OTEL_SERVICE_NAME",
@@ -54,6 +44,10 @@ _OTEL_SHOWN_PREFIXES = (
 _MAX_VALUE = 4096
 
 T = TypeVar("T")
+
+
+DEFAULT_LOGS_TARGET = OtlpTarget("logs")
+DEFAULT_METRICS_TARGET = OtlpTarget("metrics", endpoint="http://localhost:4318/v1/metrics")
 
 
 class ConfigError(Exception):
@@ -93,7 +87,11 @@ class Config:
     eventhub_metrics_name: str = ""
     #: Seconds between Event Hubs metric snapshots while nothing changes.
     eventhub_heartbeat: float = 300.0
-    otlp_protocol: str = "http/protobuf"
+    #: Where and how the OTLP sink sends records and metrics (OTEL_EXPORTER_OTLP_*).
+    otlp_logs: OtlpTarget = DEFAULT_LOGS_TARGET
+    otlp_metrics: OtlpTarget = DEFAULT_METRICS_TARGET
+    #: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE: cumulative, delta or lowmemory.
+    metrics_temporality: str = "cumulative"
     #: Seconds between OTLP metric exports while nothing changes (OTel default 60 s).
     metric_export_interval: float = 60.0
     log_level: str = "INFO"
@@ -118,6 +116,11 @@ class Config:
         if self.metrics_exporters_set is not None:
             return self.metrics_exporters_set
         return ("otlp",) if "otlp" in self.sinks else ()
+
+    @property
+    def otlp_protocol(self) -> str:
+        """The log records' OTLP protocol (``http/protobuf`` or ``grpc``)."""
+        return self.otlp_logs.protocol
 
     @property
     def gap_threshold(self) -> float:
@@ -307,30 +310,14 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         problems.extend(_check_eventhubs(connection_string, namespace, hub))
         problems.extend(_check_eventhubs_library(sinks, need_identity=not connection_string))
 
-    protocol = "http/protobuf"
-    for name in (
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-    ):
-        value = env.get(name, "").strip()
-        if value and value not in OTLP_PROTOCOLS:
-            problems.append(f"{name}={_show(value)}: expected one of {', '.join(OTLP_PROTOCOLS)}")
-        elif value and name == "OTEL_EXPORTER_OTLP_PROTOCOL":
-            protocol = value
-    for name in (
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-    ):
-        get(name, _parse_url, "", "an http:// or https:// URL")
-    for name in (
-        "OTEL_EXPORTER_OTLP_TIMEOUT",
-        "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
-        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
-    ):
-        # The Python SDK reads these as seconds (the OTel spec says milliseconds).
-        get(name, seconds(0.001, 600.0), 0.0, "a timeout in seconds (the Python SDK's unit)")
+    otlp_logs, logs_problems = otlp_settings.otlp_target(env, "logs",
+                                                          check_files="otlp" in sinks)
+    otlp_metrics, metrics_problems = otlp_settings.otlp_target(env, "metrics",
+                                                                check_files="otlp" in sinks)
+    # A variable both signals read (the general ones) is reported once.
+    problems.extend(dict.fromkeys([*logs_problems, *metrics_problems]))
+    metrics_temporality, temporality_problems = otlp_settings.temporality(env)
+    problems.extend(temporality_problems)
     metric_interval_ms = get(
         "OTEL_METRIC_EXPORT_INTERVAL",
         _bounded_int(1000, 86_400_000),
@@ -387,10 +374,8 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
                         f"than SEE_HEALTH_ADDR's ({health[0]}:{health[1]}); both servers cannot "
                         "listen on one port")
     problems.extend(_check_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")))
-    if "otlp" in sinks:
-        problems.extend(_check_tls_files(env))
     warnings = [*version_warnings,
-                *(_otlp_port_warnings(env, protocol) if "otlp" in sinks else [])]
+                *(_otlp_port_warnings(env, otlp_logs.protocol) if "otlp" in sinks else [])]
 
     approval, approval_problems = parse_approval_config(env)
     problems.extend(approval_problems)
@@ -416,7 +401,9 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
         eventhub_send_timeout=send_timeout,
         eventhub_metrics_name=metrics_hub,
         eventhub_heartbeat=heartbeat,
-        otlp_protocol=protocol,
+        otlp_logs=otlp_logs,
+        otlp_metrics=otlp_metrics,
+        metrics_temporality=metrics_temporality,
         metric_export_interval=metric_interval_ms / 1000.0,
         log_level=log_level,
         approval=approval,
@@ -517,21 +504,6 @@ def _check_resource_attributes(raw: str) -> list[str]:
             return [f"OTEL_RESOURCE_ATTRIBUTES={_show(raw)}: expected key=value pairs separated "
                     f"by commas, got {_show(item)}"]
     return []
-
-
-_TLS_FILES = ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")
-
-
-def _check_tls_files(env: Mapping[str, str]) -> list[str]:
-    problems = []
-    for signal in ("", "LOGS_", "METRICS_"):
-        for kind in _TLS_FILES:
-            name = f"OTEL_EXPORTER_OTLP_{signal}{kind}"
-            path = env.get(name, "").strip()
-            if path and not os.access(path, os.R_OK):
-                problems.append(f"{name}={_show(path)}: expected a readable PEM file "
-                                f"({'no such file' if not os.path.exists(path) else 'unreadable'})")
-    return problems
 
 
 def _otlp_port_warnings(env: Mapping[str, str], protocol: str) -> list[str]:

@@ -27,6 +27,8 @@ class ConnectionCap(socketserver.ThreadingMixIn):
     """Mix in before the server class: bounded concurrent connections, daemon threads."""
 
     daemon_threads = True
+    #: What ``handle_request`` waits for a connection: nothing, ``serve`` already saw one.
+    timeout: float | None = 0
     _slots: threading.BoundedSemaphore | None = None
     _wake: tuple[socket.socket, socket.socket] | None = None
     _stopping = False
@@ -43,7 +45,9 @@ class ConnectionCap(socketserver.ThreadingMixIn):
                 while not self._stopping:
                     for key, _ in selector.select():
                         if key.fd != self._wake[0].fileno() and not self._stopping:
-                            self._handle_request_noblock()  # type: ignore[attr-defined]
+                            # The public one-request call; with ``timeout`` 0 it never waits
+                            # (the socket is readable, or the connection went away meanwhile).
+                            self.handle_request()  # type: ignore[attr-defined]
         finally:
             self._stopped.set()
 

@@ -1,5 +1,5 @@
-"""Telemetry mapping (docs/semantics.md#records, docs/semantics.md#metrics): records → OTel log
-records, tracker state → metrics.
+"""Telemetry mapping (docs/semantics.md#records, docs/semantics.md#metrics): tracker state →
+metrics, and a record's severity.
 
 Gauges are observable and read a :class:`GaugeSnapshot` that the poll loop publishes by
 swapping one reference, so collection (on the SDK's reader thread) never takes a lock shared
@@ -17,9 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     Gauge,
@@ -41,7 +39,7 @@ from scheduled_events_exporter.model import (
     ScheduledEvent,
     TransitionKind,
 )
-from scheduled_events_exporter.records import TransitionRecord, body, to_attributes
+from scheduled_events_exporter.records import TransitionRecord
 
 SCOPE_NAME = "scheduled_events_exporter"
 P = "azure.scheduled_event."
@@ -146,20 +144,24 @@ def add_metrics(data: MetricsData, extra: Sequence[Metric]) -> MetricsData:
     return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
 
 
-def severity(record: TransitionRecord) -> tuple[SeverityNumber, str]:
+#: OTLP severity numbers (the log data model's SeverityNumber).
+SEVERITY_INFO, SEVERITY_WARN, SEVERITY_ERROR = 9, 13, 17
+
+
+def severity(record: TransitionRecord) -> tuple[int, str]:
     """docs/lifecycle.md severities: WARN for what is coming, ERROR when unannounced, INFO for
-    endings."""
+    endings (the OTLP severity number and text)."""
     kind = record.transition.kind
     if kind is TransitionKind.STARTED and record.transition.unannounced:
-        return SeverityNumber.ERROR, "ERROR"
+        return SEVERITY_ERROR, "ERROR"
     if kind in (
         TransitionKind.SCHEDULED,
         TransitionKind.STARTED,
         TransitionKind.UPDATED,
         TransitionKind.DOCUMENT_RESET,
     ):
-        return SeverityNumber.WARN, "WARN"
-    return SeverityNumber.INFO, "INFO"
+        return SEVERITY_WARN, "WARN"
+    return SEVERITY_INFO, "INFO"
 
 
 def build_resource(instance: InstanceInfo) -> Resource:
@@ -192,24 +194,6 @@ def build_resource(instance: InstanceInfo) -> Resource:
     }
     attrs.update({k: v for k, v in optional.items() if v})
     return Resource.create(attrs).merge(OTELResourceDetector().detect())
-
-
-def to_log_record(
-    record: TransitionRecord, resource: Resource, scope: InstrumentationScope
-) -> ReadableLogRecord:
-    """One OTel log record per transition, ready for any SDK ``LogRecordExporter``."""
-    number, text = severity(record)
-    at_ns = int(record.transition.at.timestamp() * 1e9)
-    log = LogRecord(
-        timestamp=at_ns,
-        observed_timestamp=at_ns,
-        severity_number=number,
-        severity_text=text,
-        body=body(record),
-        attributes=dict(to_attributes(record)),
-        event_name=record.event_name,
-    )
-    return ReadableLogRecord(log_record=log, resource=resource, instrumentation_scope=scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,9 @@ class RealJobs:
     def create_job(self) -> int:
         return win32.create_job()
 
+    def open_process(self, pid: int) -> int:
+        return win32.open_process(pid)
+
     def assign_to_job(self, job: int, process: int) -> None:
         win32.assign_to_job(job, process)
 

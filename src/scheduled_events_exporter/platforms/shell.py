@@ -211,6 +211,7 @@ class JobApi(Protocol):
     """The Windows calls the hook's process tree needs (:mod:`.win32`; fakes in tests)."""
 
     def create_job(self) -> int: ...
+    def open_process(self, pid: int) -> int: ...
     def assign_to_job(self, job: int, process: int) -> None: ...
     def terminate_job(self, job: int) -> None: ...
     def close_handle(self, handle: int) -> None: ...
@@ -333,22 +334,29 @@ class WindowsShell:
             # Suspended until it is in the job, so nothing it starts can escape the job; its
             # own process group, so the Ctrl-C that stops the exporter does not reach it.
             creationflags=_CREATE_SUSPENDED | _CREATE_NEW_PROCESS_GROUP | _CREATE_NO_WINDOW)
-        handle = int(getattr(proc, "_handle", 0))
-        job: int | None = None
+        running = WindowsRunning(proc, self._api, None, self._taskkill)
         try:
-            job = self._api.create_job()
-            self._api.assign_to_job(job, handle)
+            # A handle of our own (OpenProcess), not subprocess's private one.
+            handle = self._api.open_process(proc.pid)
         except OSError:
-            if job is not None:
-                self._api.close_handle(job)
-            job = None  # taskkill /T at the timeout instead
-        running = WindowsRunning(proc, self._api, job, self._taskkill)
+            running.kill_tree()
+            running.close()
+            raise
         try:
+            try:
+                running.job = self._api.create_job()
+                self._api.assign_to_job(running.job, handle)
+            except OSError:
+                if running.job is not None:
+                    self._api.close_handle(running.job)
+                running.job = None  # taskkill /T at the timeout instead
             self._api.resume_process(handle)
         except OSError:
             running.kill_tree()
             running.close()
             raise
+        finally:
+            self._api.close_handle(handle)
         return running
 
 
@@ -361,6 +369,7 @@ class _Win32Jobs:
         from scheduled_events_exporter.platforms import win32
 
         self.create_job = win32.create_job
+        self.open_process = win32.open_process
         self.assign_to_job = win32.assign_to_job
         self.terminate_job = win32.terminate_job
         self.close_handle = win32.close_handle

@@ -26,6 +26,8 @@ if sys.platform == "win32":
     _kernel32.AssignProcessToJobObject.argtypes = [wintypes.HANDLE, wintypes.HANDLE]
     _kernel32.TerminateJobObject.restype = wintypes.BOOL
     _kernel32.TerminateJobObject.argtypes = [wintypes.HANDLE, wintypes.UINT]
+    _kernel32.OpenProcess.restype = wintypes.HANDLE
+    _kernel32.OpenProcess.argtypes = [wintypes.DWORD, wintypes.BOOL, wintypes.DWORD]
     _kernel32.CloseHandle.restype = wintypes.BOOL
     _kernel32.CloseHandle.argtypes = [wintypes.HANDLE]
     _kernel32.ProcessIdToSessionId.restype = wintypes.BOOL
@@ -64,6 +66,16 @@ if sys.platform == "win32":
         handle = _kernel32.CreateJobObjectW(None, None)
         if not handle:
             raise _fail("CreateJobObjectW")
+        return int(handle)
+
+    #: What the hook runner does with its process: put it in a job, resume it, end it.
+    _PROCESS_RIGHTS = 0x0100 | 0x0800 | 0x0001  # SET_QUOTA | SUSPEND_RESUME | TERMINATE
+
+    def open_process(pid: int) -> int:
+        """A handle to process ``pid`` with the rights a job and a resume need."""
+        handle = _kernel32.OpenProcess(_PROCESS_RIGHTS, False, pid)
+        if not handle:
+            raise _fail("OpenProcess")
         return int(handle)
 
     def assign_to_job(job: int, process: int) -> None:

@@ -42,10 +42,12 @@ class DeliveryError(Exception):
     """
 
     def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT,
-                 status: str = "") -> None:
+                 status: str = "", *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
+        #: Seconds the peer asked us to wait before trying again, if it said.
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,8 @@ MAX_BATCH = 256
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
+#: The longest a peer's Retry-After is believed (beyond it, the worker's own backoff).
+RETRY_AFTER_CAP = 60.0
 #: A configuration error (authentication, endpoint) is logged again this often while it lasts.
 CONFIG_ERROR_REPEAT = 300.0
 #: An idle worker whose spool or dead-letter file could not be written looks again this often.
@@ -300,15 +302,17 @@ class DeliveryWorker:
                         self._reject(batch[0], error)
                     continue
                 self._note_failure(error)
+                retry_after = min(error.retry_after or 0.0, RETRY_AFTER_CAP)
                 # A failed export leaves reference cycles (exception, traceback, frames) that
                 # hold its encoded request; the cyclic GC counts objects, not bytes, so with a
                 # few huge records they would pile up for minutes. Failures are rare and slow.
                 del error, exc
                 gc.collect()
+                # Full jitter keeps a fleet that lost its collector together from retrying in
+                # lockstep; a peer that said how long to wait (Retry-After) is believed.
+                delay = max(backoff * (0.5 + random.random() / 2), retry_after)
                 with self._cond:
-                    # Full jitter keeps a fleet that lost its collector together from retrying
-                    # in lockstep; the wait ends early on stop.
-                    self._cond.wait(backoff * (0.5 + random.random() / 2))
+                    self._cond.wait(delay)  # ends early on stop
                     if self._stopping:
                         return
                 backoff = min(backoff * 2, BACKOFF_CAP)

@@ -1,4 +1,4 @@
-"""gRPC channels that exist only around exports.
+"""OTLP over gRPC, through channels that exist only around exports.
 
 While any gRPC channel is open, the gRPC core keeps threads of its own awake: a timer manager
 and a thread-pool lifeguard that wake every second, and work-stealing pool threads that look
@@ -7,13 +7,13 @@ for work every 15 ms to 3 s. Those intervals are compile-time constants of gRPC'
 once a minute, they cost a third of the process's CPU. When the last channel is released the
 core shuts down and the threads exit (measured: 6 threads before, none after).
 
-So each gRPC exporter opens its channel at an export and closes it once no export has used it
-for :data:`LINGER` seconds. Reopening costs about 4 ms of CPU and a connection handshake (over
-TLS, a TLS handshake too), paid by the first export after a quiet spell; a burst of changes
-reuses one channel. The SDK builds its channel in ``_initialize_channel_and_stub`` (in its
-constructor, and again after ``UNAVAILABLE``); :class:`ChannelKeeper` defers that first call to
-the first export and closes with the same ``channel.close()`` the SDK's reconnection uses.
-Retries, timeouts, compression, credentials and headers stay the SDK's.
+So each signal's channel is opened at an export and closed once no export has used it for
+:data:`LINGER` seconds. Reopening costs about 4 ms of CPU and a connection handshake (over TLS,
+a TLS handshake too), paid by the first export after a quiet spell; a burst of changes reuses
+one channel. A channel that answered ``UNAVAILABLE`` is closed at once, so the next attempt
+connects afresh instead of waiting out gRPC's own reconnection backoff (up to two minutes).
+The calls are the generated ``LogsService``/``MetricsService`` stubs of ``opentelemetry-proto``;
+each sends once, retries are the caller's (:mod:`.otlp_transport`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+import grpc  # type: ignore[import-untyped]
+
+from scheduled_events_exporter.otlp_settings import OtlpTarget
+from scheduled_events_exporter.sinks.otlp_transport import USER_AGENT, Answer, partial_success
 
 #: Seconds a channel stays open after its last export: longer than the gap between the
 #: records of one change and its metric export, far shorter than the 60 s heartbeat.
@@ -34,10 +36,10 @@ T = TypeVar("T")
 
 
 class ChannelKeeper:
-    """Opens a channel for each export and closes it :data:`LINGER` seconds after the last.
+    """Opens a channel for an export and closes it :data:`LINGER` seconds after the last one.
 
-    ``open_channel``/``close_channel`` act on the exporter; they are called under this
-    keeper's lock, never during an export of the same exporter.
+    ``open_channel``/``close_channel`` are called under this keeper's lock, never during an
+    export through the same keeper.
     """
 
     def __init__(self, open_channel: Callable[[], None], close_channel: Callable[[], None],
@@ -52,17 +54,10 @@ class ChannelKeeper:
         self._last_use = 0.0
         self._timer: threading.Timer | None = None
 
-    @property
-    def is_open(self) -> bool:
-        """Whether the channel is open now."""
-        return self._open
-
     def export(self, call: Callable[[], T]) -> T:
         """Run ``call`` (one export) with the channel open; schedule its closing."""
         with self._lock:
-            if self._stopped:  # the SDK answers FAILURE after shutdown; no channel for that
-                return call()
-            if not self._open:
+            if not self._open and not self._stopped:
                 self._open_channel()
                 self._open = True
             try:
@@ -71,12 +66,24 @@ class ChannelKeeper:
                 self._last_use = self._clock()
                 self._arm(self._linger)
 
+    def discard(self) -> None:
+        """Close the channel now (the next export opens a new one)."""
+        with self._lock:
+            self._shut()
+
     def stop(self) -> None:
-        """No more channels: cancel the pending close (the SDK's shutdown closes the channel)."""
-        self._stopped = True
+        """Close the channel and open no other."""
+        with self._lock:
+            self._stopped = True
+            self._shut()
         timer = self._timer
         if timer is not None:
             timer.cancel()
+
+    def _shut(self) -> None:
+        if self._open:
+            self._open = False
+            self._close_channel()
 
     def _arm(self, delay: float) -> None:
         if self._timer is None and not self._stopped:
@@ -94,44 +101,81 @@ class ChannelKeeper:
             if idle < self._linger:
                 self._arm(self._linger - idle)
                 return
-            self._open = False
-            self._close_channel()
+            self._shut()
 
 
-def close_channel(exporter: Any) -> None:
-    """Close an SDK gRPC exporter's channel and forget it (its shutdown then has none to close)."""
-    channel, exporter._channel, exporter._client = exporter._channel, None, None
-    if channel is not None:
-        channel.close()
+def _stub(signal: str, channel: Any) -> Callable[..., Any]:
+    """The ``Export`` call of the signal's generated service stub."""
+    if signal == "logs":
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import (
+            LogsServiceStub,
+        )
+
+        return LogsServiceStub(channel).Export  # type: ignore[no-untyped-call, no-any-return]
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import (
+        MetricsServiceStub,
+    )
+
+    return MetricsServiceStub(channel).Export  # type: ignore[no-untyped-call, no-any-return]
 
 
-def grpc_metric_exporter() -> OTLPMetricExporter:
-    """The SDK's gRPC metric exporter, configured by ``OTEL_*``, with a channel per export."""
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+def _read(path: str) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as file:
+        return file.read()
 
-    class Exporter(OTLPMetricExporter):
-        def __init__(self) -> None:
-            self._ready = False  # the SDK's constructor asks for a channel: not yet
-            self.keeper = ChannelKeeper(self._reopen, lambda: close_channel(self))
-            super().__init__()
-            self._ready = True
 
-        def _reopen(self) -> None:
-            self._ready = True
-            super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
+class GrpcTransport:
+    """OTLP over gRPC to ``target.grpc_target``, one request per call."""
 
-        def _initialize_channel_and_stub(self) -> None:
-            if self._ready:
-                super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
+    def __init__(self, target: OtlpTarget, *, linger: float = LINGER,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._target = target
+        self._metadata = tuple(target.headers)
+        self._compression = grpc.Compression.Gzip if target.gzip else grpc.Compression.NoCompression
+        self._credentials = None if target.insecure else grpc.ssl_channel_credentials(
+            root_certificates=_read(target.certificate), private_key=_read(target.client_key),
+            certificate_chain=_read(target.client_certificate))
+        self._channel: Any = None
+        self._export: Callable[..., Any] | None = None
+        self._keeper = ChannelKeeper(self._open, self._close, linger, clock)
 
-        def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-                   **kwargs: Any) -> MetricExportResult:
-            return self.keeper.export(
-                lambda: super(Exporter, self).export(metrics_data, timeout_millis, **kwargs))
+    def _open(self) -> None:
+        options = [("grpc.primary_user_agent", USER_AGENT)]
+        if self._credentials is None:
+            self._channel = grpc.insecure_channel(self._target.grpc_target, options=options,
+                                                  compression=self._compression)
+        else:
+            self._channel = grpc.secure_channel(self._target.grpc_target, self._credentials,
+                                                options=options, compression=self._compression)
+        self._export = _stub(self._target.signal, self._channel)
 
-        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-            self.keeper.stop()
-            super().shutdown(timeout_millis, **kwargs)
+    def _close(self) -> None:
+        channel, self._channel, self._export = self._channel, None, None
+        if channel is not None:
+            channel.close()
 
-    return Exporter()
+    def send(self, request: Any, timeout: float) -> Answer:
+        """Call ``Export`` once."""
+        answer = self._keeper.export(lambda: self._call(request, timeout))
+        if answer.status == "UNAVAILABLE":
+            self._keeper.discard()
+        return answer
+
+    def _call(self, request: Any, timeout: float) -> Answer:
+        if self._export is None:  # stopped: no channel any more
+            return Answer(False, None, detail="the exporter is shutting down")
+        try:
+            response = self._export(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            details = exc.details() if callable(getattr(exc, "details", None)) else ""
+            return Answer(False, code.name if code is not None else None,
+                          detail=" ".join(str(details or "").split())[:200])
+        rejected, message = partial_success(response, self._target.signal)
+        return Answer(True, "OK", rejected, message)
+
+    def close(self) -> None:
+        """Close the channel for good."""
+        self._keeper.stop()

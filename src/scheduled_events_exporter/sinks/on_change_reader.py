@@ -23,7 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, MetricsData
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricReader,
+    MetricsData,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +41,13 @@ class OnChangeMetricReader(MetricReader):
 
     def __init__(self, exporter: MetricExporter, *, heartbeat: float, min_gap: float = MIN_GAP,
                  export_timeout: float = 30.0,
+                 preferred_temporality: dict[type, AggregationTemporality] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if heartbeat <= 0 or min_gap < 0:
             raise ValueError(f"heartbeat > 0 and min_gap >= 0 expected, got {heartbeat}, {min_gap}")
-        super().__init__(preferred_temporality=exporter._preferred_temporality,
-                         preferred_aggregation=exporter._preferred_aggregation)
+        # The temporality is given, not read from the exporter: the SDK keeps an exporter's
+        # preference in private attributes only.
+        super().__init__(preferred_temporality=preferred_temporality)
         self._exporter = exporter
         self._heartbeat = heartbeat
         self._min_gap = min_gap
@@ -110,14 +117,7 @@ class OnChangeMetricReader(MetricReader):
         self._thread.join(timeout=max(0.0, ends - time.monotonic()))
         left_ms = max(0.0, ends - time.monotonic()) * 1000
         if left_ms > 0 and not self._thread.is_alive():  # else an export is stuck: skip ours
-            # The SDK's OTLP exporters retry for their own timeout (10 s) whatever
-            # timeout_millis says; shutting the exporter down ends their retry waits, so the
-            # last export takes what is left and no more (a stop must fit the container's).
-            cut = threading.Timer(left_ms / 1000, self._exporter.shutdown)
-            cut.daemon = True
-            cut.start()
-            try:
-                self._collect_now(left_ms)
-            finally:
-                cut.cancel()
+            # Our exporters send once within the timeout they are given: the last export
+            # takes what is left and no more (a stop must fit the container's).
+            self._collect_now(left_ms)
         self._exporter.shutdown(timeout_millis=max(0.0, ends - time.monotonic()) * 1000)

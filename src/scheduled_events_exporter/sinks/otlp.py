@@ -1,12 +1,16 @@
-"""OTLP sink: the SDK's own OTLP exporters, configured only by ``OTEL_EXPORTER_OTLP_*``.
+"""OTLP sink: transition records as OTLP log records, and the metrics, to a collector.
 
-Logs: each handed-over batch is exported at once by this sink's worker (not at the next batch
-timer), and acknowledged only on ``SUCCESS``. Metrics: an :class:`OnChangeMetricReader` drives
-the SDK's OTLP metric exporter, at once after a poll that changed something and otherwise every
-``OTEL_METRIC_EXPORT_INTERVAL`` (default 60 s, the OpenTelemetry default); a thin wrapper
-counts failures. gRPC is imported only when selected
-(it costs ~15 MB, 6 threads and ~0.35 s of start-up), and its channels, with the gRPC core's
-threads, exist only around exports (:mod:`.grpc_channel`).
+Log records: each handed-over batch is sent at once by this sink's delivery worker (not at the
+next batch timer) as one ``ExportLogsServiceRequest`` (:mod:`.otlp_proto`), once
+(:mod:`.otlp_transport`); the worker acknowledges it on success and otherwise retries in order,
+or dead-letters a record rejected for good, as the answer says (:mod:`.otlp_errors`). Metrics:
+an :class:`OnChangeMetricReader` collects through the SDK and exports at once after a poll
+that changed something, otherwise every ``OTEL_METRIC_EXPORT_INTERVAL`` (default 60 s, the
+OpenTelemetry default); a failed metric export is counted and reported, not retried (the next
+export reads the metrics again). The ``OTEL_EXPORTER_OTLP_*`` settings are :mod:`..otlp_settings`'.
+gRPC is imported only when a signal uses it (it costs ~15 MB, 6 threads and ~0.35 s of
+start-up), and its channels, with the gRPC core's threads, exist only around exports
+(:mod:`.grpc_channel`).
 """
 
 from __future__ import annotations
@@ -15,147 +19,126 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
     MetricExporter,
     MetricExportResult,
     MetricReader,
     MetricsData,
 )
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.base import FailureCounter
 from scheduled_events_exporter.sinks.delivery import WorkerSink
-from scheduled_events_exporter.sinks.grpc_channel import grpc_metric_exporter
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
-from scheduled_events_exporter.sinks.otlp_errors import (
-    StatusProbe,
-    export_error,
-    grpc_log_exporter,
-    http_log_exporter,
-    otlp_json,
-)
-from scheduled_events_exporter.telemetry import SCOPE_NAME, ExtraMetrics, add_metrics, to_log_record
+from scheduled_events_exporter.sinks.otlp_errors import describe, export_error
+from scheduled_events_exporter.sinks.otlp_proto import as_json, logs_request, metrics_request
+from scheduled_events_exporter.sinks.otlp_transport import HttpTransport, Transport
+from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 
 log = logging.getLogger(__name__)
 
-
-class LastWarning(logging.Handler):
-    """Remembers the last warning the SDK's OTLP metric exporters logged: the SDK returns a
-    bare FAILURE from ``export``, and says why (status, connection error) only in its own log.
-    Only the metric exporters' loggers count: the log exporter's words would name the wrong
-    signal (its failures are learnt by :mod:`.otlp_errors`)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.message = ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "metric_exporter" not in record.name:
-            return
-        try:
-            message = record.getMessage().splitlines()[0]
-        except Exception:  # a logging handler must never raise into the SDK
-            message = record.msg if isinstance(record.msg, str) else ""
-        if len(message) > 400:  # whole words and a mark, not a cut mid-word
-            message = message[:400].rsplit(" ", 1)[0] + " …"
-        # The SDK ends a retried export with a generic line; the one before says why.
-        if not (self.message and "max retries or shutdown" in message):
-            self.message = message
-
-    def take(self) -> str:
-        """The last message (then forgotten), or a placeholder."""
-        message, self.message = self.message, ""
-        return message or "no reason given by the SDK"
+_DELTA, _CUMULATIVE = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
+#: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, as the OpenTelemetry specification maps
+#: each preference onto the instrument kinds.
+TEMPORALITIES: dict[str, dict[type, AggregationTemporality]] = {
+    "cumulative": {},
+    "delta": {Counter: _DELTA, ObservableCounter: _DELTA, Histogram: _DELTA,
+              UpDownCounter: _CUMULATIVE, ObservableUpDownCounter: _CUMULATIVE,
+              ObservableGauge: _CUMULATIVE},
+    "lowmemory": {Counter: _DELTA, Histogram: _DELTA, ObservableCounter: _CUMULATIVE,
+                  UpDownCounter: _CUMULATIVE, ObservableUpDownCounter: _CUMULATIVE,
+                  ObservableGauge: _CUMULATIVE},
+}
 
 
-_SDK_REASONS = LastWarning()
-_SDK_LOGGER = logging.getLogger("opentelemetry.exporter.otlp")
-_SDK_LOGGER.addHandler(_SDK_REASONS)
-# Heard here, printed nowhere: the sink reports once per streak in its own words, while the
-# rest of the SDK's logging stays quiet (app.setup_logging).
-_SDK_LOGGER.setLevel(logging.WARNING)
-_SDK_LOGGER.propagate = False
+def transport_for(target: OtlpTarget) -> Transport:
+    """The transport ``target``'s protocol asks for (gRPC imported only then)."""
+    if target.protocol == "grpc":
+        from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport
+
+        return GrpcTransport(target)
+    return HttpTransport(target)
 
 
-class CountingMetricExporter(MetricExporter):
-    """Delegates to an SDK metric exporter and counts failed exports."""
+class OtlpMetricExporter(MetricExporter):
+    """The SDK's collected metrics to the collector, one request per export, never retried
+    here; failures are counted and said once per streak, with the collector's answer."""
 
-    def __init__(self, inner: MetricExporter, sink: str, count_failure: FailureCounter,
-                 extra: ExtraMetrics = list) -> None:
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
-        )
-        self._inner = inner
-        self._extra = extra
+    def __init__(self, target: OtlpTarget, sink: str, count_failure: FailureCounter,
+                 extra: ExtraMetrics = list,
+                 temporality: dict[type, AggregationTemporality] | None = None) -> None:
+        super().__init__(preferred_temporality=temporality)
+        self._target = target
+        self._transport = transport_for(target)
         self._sink = sink
         self._count_failure = count_failure
+        self._extra = extra
         self._failing = False
 
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
-        """Export through the wrapped exporter; count and log (once per streak) failures."""
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        """Send once, within ``timeout_millis`` and the target's own timeout."""
         try:
-            data = add_metrics(metrics_data, self._extra())
-            result = self._inner.export(data, timeout_millis=timeout_millis, **kwargs)
-        except Exception as exc:  # an exporter bug must not kill the SDK's reader thread
-            log.error("sink %s: metric export raised %s", self._sink, type(exc).__name__)
-            result = MetricExportResult.FAILURE
-        if result is MetricExportResult.FAILURE:
-            if not self._failing:
-                log.error("sink %s: metric export failed: %s (metrics are re-read and sent "
-                          "again at the next change or heartbeat)", self._sink,
-                          _SDK_REASONS.take())
-            self._failing = True
+            request = metrics_request(add_metrics(metrics_data, self._extra()))
+            answer = self._transport.send(
+                request, max(0.001, min(self._target.timeout, timeout_millis / 1000)))
+        except Exception as exc:  # an encoding bug must not kill the reader's thread
+            log.error("sink %s: metric export raised %s: %s", self._sink, type(exc).__name__,
+                      str(exc)[:200])
             self._count_failure(self._sink, "metrics", 1)
-        else:
+            return MetricExportResult.FAILURE
+        if answer.ok:
+            if answer.rejected:
+                log.warning("sink %s: the collector dropped %d of the metric data points: %s",
+                            self._sink, answer.rejected, answer.detail or "no reason given")
             self._failing = False
-        return result
+            return MetricExportResult.SUCCESS
+        if not self._failing:
+            log.error("sink %s: metric export failed: %s (metrics are read and sent again at "
+                      "the next change or heartbeat)", self._sink, describe(answer))
+        self._failing = True
+        self._count_failure(self._sink, "metrics", 1)
+        return MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        """Flush the wrapped exporter."""
-        return self._inner.force_flush(timeout_millis)
+        """Nothing is buffered here."""
+        return True
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        """Shut the wrapped exporter down."""
-        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+        """Close the connection or channel."""
+        self._transport.close()
 
 
 class OtlpSink(WorkerSink):
-    """Transition records as OTel log records, and the metrics, over OTLP."""
+    """Transition records as OTLP log records, and the metrics, over OTLP."""
 
     name = "otlp"
 
     def __init__(self, config: Config, count_failure: FailureCounter) -> None:
-        # What the collector answered to our log exports (otlp_errors says how we learn it).
-        self._probe = StatusProbe()
-        log_exporter: LogRecordExporter
-        metric_exporter: MetricExporter
-        if config.otlp_protocol == "grpc":
-            log_exporter = grpc_log_exporter(self._probe)
-            metric_exporter = grpc_metric_exporter()
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-                OTLPMetricExporter as HttpMetricExporter,
-            )
-
-            log_exporter = http_log_exporter(self._probe)
-            metric_exporter = HttpMetricExporter()
-        self._log_exporter = log_exporter
+        self._target = config.otlp_logs
+        self._transport = transport_for(config.otlp_logs)
+        self._partial = False
+        self._count = count_failure
         # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
         self._readers: tuple[OnChangeMetricReader, ...] = ()
         if "otlp" in config.metrics_exporters:
+            temporality = TEMPORALITIES[config.metrics_temporality]
             self._readers = (OnChangeMetricReader(
-                CountingMetricExporter(metric_exporter, self.name, count_failure,
-                                       lambda: self._extra_metrics()),
-                heartbeat=config.metric_export_interval,
+                OtlpMetricExporter(config.otlp_metrics, self.name, count_failure,
+                                   lambda: self._extra_metrics(), temporality),
+                heartbeat=config.metric_export_interval, preferred_temporality=temporality,
             ),)
-        self._scope = InstrumentationScope(SCOPE_NAME, __version__)
         super().__init__(config, count_failure)
 
     def metric_readers(self) -> Sequence[MetricReader]:
@@ -168,15 +151,22 @@ class OtlpSink(WorkerSink):
             reader.metrics_changed()
 
     def _close(self) -> None:
-        # Metrics stop with the MeterProvider; the log exporter is ours to close.
-        self._log_exporter.shutdown()
+        # Metrics stop with the MeterProvider (the reader closes its exporter).
+        self._transport.close()
 
     def _deliver(self, records: Sequence[TransitionRecord]) -> None:
-        batch = [to_log_record(r, self._resource, self._scope) for r in records]
-        self._probe.reset()
-        result = self._log_exporter.export(batch)
-        if result is not LogRecordExportResult.SUCCESS:
-            raise export_error(self._probe.last, len(batch))
+        answer = self._transport.send(logs_request(records, self._resource), self._target.timeout)
+        if not answer.ok:
+            raise export_error(answer, len(records))
+        if answer.rejected:
+            # Accepted, yet dropped by the collector (OTLP partial success): nothing to resend
+            # (it would be dropped again), so it is counted and said once per streak.
+            if not self._partial:
+                log.warning("sink %s: the collector accepted the records but dropped %d of "
+                            "them: %s", self.name, answer.rejected,
+                            answer.detail or "no reason given")
+            self._count(self.name, "logs", answer.rejected)
+        self._partial = bool(answer.rejected)
 
     def _payload(self, record: TransitionRecord) -> object:
-        return otlp_json(to_log_record(record, self._resource, self._scope))
+        return as_json(logs_request([record], self._resource))

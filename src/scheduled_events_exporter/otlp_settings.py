@@ -1,0 +1,165 @@
+"""Where and how each OTLP signal is sent: the standard ``OTEL_EXPORTER_OTLP_*`` variables.
+
+The OTLP route sends its own requests (:mod:`.sinks.otlp_transport`), so these variables are
+read here, once, as the OpenTelemetry specification and the Python SDK read them:
+
+* a per-signal variable (``OTEL_EXPORTER_OTLP_LOGS_*``, ``..._METRICS_*``) wins over the
+  general one;
+* ``..._ENDPOINT``: over http/protobuf the general endpoint is a base URL to which
+  ``/v1/logs`` or ``/v1/metrics`` is appended, a per-signal one is the full URL; over gRPC
+  only the host and port count (``https://`` turns TLS on, ``http://`` off, no scheme:
+  ``..._INSECURE`` decides);
+* ``..._HEADERS``: ``key=value`` pairs separated by commas, percent-encoded;
+* ``..._TIMEOUT``: seconds, as the Python SDK reads it (the specification says milliseconds);
+* ``..._COMPRESSION``: ``gzip`` or ``none``; ``..._CERTIFICATE``, ``..._CLIENT_KEY``,
+  ``..._CLIENT_CERTIFICATE``: PEM files for TLS;
+* ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``: ``cumulative`` (default), ``delta`` or
+  ``lowmemory``.
+
+Pure: a mapping of variables in, values or one problem line per variable out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+PROTOCOLS: Final = ("http/protobuf", "grpc")
+SIGNALS: Final = ("logs", "metrics")
+COMPRESSIONS: Final = ("gzip", "none")
+TEMPORALITIES: Final = ("cumulative", "delta", "lowmemory")
+DEFAULT_TIMEOUT: Final = 10.0
+_DEFAULT_ENDPOINT = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
+#: Variables whose values are secrets.
+SECRETS: Final = frozenset(
+    f"OTEL_EXPORTER_OTLP_{s}{k}" for s in ("", "LOGS_", "METRICS_") for k in ("HEADERS",
+                                                                                 "CLIENT_KEY"))
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpTarget:
+    """Where one signal goes and how."""
+
+    signal: str
+    protocol: str = "http/protobuf"
+    #: http/protobuf: the full URL of the signal; gRPC: the URL whose host and port count.
+    endpoint: str = "http://localhost:4318/v1/logs"
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout: float = DEFAULT_TIMEOUT
+    gzip: bool = False
+    certificate: str = ""
+    client_key: str = ""
+    client_certificate: str = ""
+    #: gRPC: plaintext (``http://``, or no scheme with ``..._INSECURE=true``) or TLS.
+    insecure: bool = True
+
+    @property
+    def grpc_target(self) -> str:
+        """``host:port`` for a gRPC channel."""
+        parts = urlsplit(self.endpoint if "//" in self.endpoint else f"//{self.endpoint}")
+        return parts.netloc or self.endpoint
+
+
+def _pick(env: Mapping[str, str], signal: str, key: str) -> tuple[str, str]:
+    """(variable, value) of the per-signal variable if set, else of the general one."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_{key}", f"OTEL_EXPORTER_OTLP_{key}"):
+        value = env.get(name, "").strip()
+        if value:
+            return name, value
+    return f"OTEL_EXPORTER_OTLP_{key}", ""
+
+
+def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` with percent-encoded keys and values; ``ValueError`` on a pair without
+    ``=`` or with an empty key."""
+    headers = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(item)
+        headers.append((unquote(key.strip()).lower(), unquote(value.strip())))
+    return tuple(headers)
+
+
+def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
+                ) -> tuple[OtlpTarget, list[str]]:
+    """The target of ``signal`` (``logs`` or ``metrics``) and the problems found
+    (``check_files``: whether the TLS files must be readable, when the sink is on)."""
+    problems: list[str] = []
+    name, protocol = _pick(env, signal, "PROTOCOL")
+    if protocol and protocol not in PROTOCOLS:
+        problems.append(f"{name}={protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    protocol = protocol if protocol in PROTOCOLS else "http/protobuf"
+
+    own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
+    name, base = _pick(env, signal, "ENDPOINT")
+    endpoint = own or base or _DEFAULT_ENDPOINT[protocol]
+    parts = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
+    try:
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+    if not parts.hostname or parts.scheme not in ("http", "https", "") or not port_ok or (
+            protocol == "http/protobuf" and not parts.scheme):
+        problems.append(f"{name}={endpoint[:80]!r}: expected an http:// or https:// URL "
+                        "with a host (and a port)")
+    if protocol == "http/protobuf" and not own:
+        endpoint = f"{endpoint.rstrip('/')}/v1/{signal}"
+
+    name, raw = _pick(env, signal, "HEADERS")
+    headers: tuple[tuple[str, str], ...] = ()
+    try:
+        headers = parse_headers(raw)
+    except ValueError as exc:
+        problems.append(f"{name}: expected key=value pairs separated by commas (percent-"
+                        f"encoded), got an item without a key or '=' ({len(str(exc))} "
+                        "characters; the value is a secret and not shown)")
+
+    name, raw = _pick(env, signal, "TIMEOUT")
+    timeout = DEFAULT_TIMEOUT
+    if raw:
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = math.nan
+        if not (math.isfinite(timeout) and 0.001 <= timeout <= 600):
+            problems.append(f"{name}={raw[:40]!r}: expected a timeout in seconds (the Python "
+                            "SDK's unit), from 0.001 to 600")
+            timeout = DEFAULT_TIMEOUT
+
+    name, raw = _pick(env, signal, "COMPRESSION")
+    if raw and raw.lower() not in COMPRESSIONS:
+        problems.append(f"{name}={raw[:40]!r}: expected gzip or none")
+
+    files = {}
+    for key in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE"):
+        name, path = _pick(env, signal, key)
+        if path and check_files and not os.access(path, os.R_OK):
+            shown = "" if "KEY" in key else f"={path[:80]!r}"
+            problems.append(f"{name}{shown}: expected a readable PEM file "
+                            f"({'no such file' if not os.path.exists(path) else 'unreadable'})")
+        files[key] = path
+
+    name, raw = _pick(env, signal, "INSECURE")
+    insecure = parts.scheme == "http" or (not parts.scheme and raw.lower() == "true")
+    if raw and raw.lower() not in ("true", "false"):
+        problems.append(f"{name}={raw[:40]!r}: expected true or false")
+
+    gzip = _pick(env, signal, "COMPRESSION")[1].lower() == "gzip"
+    return OtlpTarget(signal, protocol, endpoint, headers, timeout, gzip, files["CERTIFICATE"],
+                      files["CLIENT_KEY"], files["CLIENT_CERTIFICATE"], insecure), problems
+
+
+def temporality(env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` and its problem, if any."""
+    name = "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"
+    raw = env.get(name, "").strip().lower()
+    if raw and raw not in TEMPORALITIES:
+        return "cumulative", [f"{name}={raw[:40]!r}: expected cumulative, delta or lowmemory"]
+    return raw or "cumulative", []

@@ -1,0 +1,274 @@
+"""One OTLP request, sent once over a real socket, and the answer read back (sinks/
+otlp_transport.py, sinks/grpc_channel.py), against local servers whose answers the test sets:
+what goes on the wire (path, protobuf, gzip, headers, user agent), what comes back (partial
+success, an error status and the collector's words, Retry-After, no answer at all), TLS with a
+given CA, a proxy from the environment, and gRPC with its metadata and status names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import ipaddress
+import ssl
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+
+from scheduled_events_exporter.otlp_settings import OtlpTarget
+from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport
+from scheduled_events_exporter.sinks.otlp_transport import HttpTransport, status_message
+from tests.exporter_process import free_port
+
+REQUEST = ExportLogsServiceRequest()
+REQUEST.resource_logs.add().scope_logs.add().log_records.add(event_name="e")
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Server:
+    """An HTTP server answering each POST with the next of ``replies``."""
+
+    port: int
+    replies: list[tuple[int, dict[str, str], bytes]] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
+
+
+def serve(tls: ssl.SSLContext | None = None) -> Iterator[Server]:
+    server = Server(free_port())
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            server.seen.append(Seen(self.path, {k.lower(): v for k, v in self.headers.items()},
+                                    body))
+            status, headers, data = server.replies.pop(0) if server.replies else (200, {}, b"")
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", server.port), Handler)
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def http() -> Iterator[Server]:
+    yield from serve()
+
+
+def target(endpoint: str, **kwargs: Any) -> OtlpTarget:
+    return OtlpTarget("logs", endpoint=endpoint, timeout=5.0, **kwargs)
+
+
+def partial(rejected: int, message: str) -> bytes:
+    return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
+        rejected_log_records=rejected, error_message=message)).SerializeToString()
+
+
+def test_http_sends_the_protobuf_gzipped_with_the_headers_and_reads_partial_success(
+        http: Server) -> None:
+    http.replies.append((200, {"Content-Type": "application/x-protobuf"},
+                         partial(2, "2 records too old")))
+    transport = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs", gzip=True,
+                                     headers=(("api-key", "k1"), ("x-tenant", "t"))))
+    answer = transport.send(REQUEST, 5)
+    transport.close()
+    assert (answer.ok, answer.status, answer.rejected, answer.detail) == (
+        True, 200, 2, "2 records too old")
+    (seen,) = http.seen
+    assert seen.path == "/v1/logs"
+    assert seen.headers["content-type"] == "application/x-protobuf"
+    assert seen.headers["content-encoding"] == "gzip"
+    assert (seen.headers["api-key"], seen.headers["x-tenant"]) == ("k1", "t")
+    assert seen.headers["user-agent"].startswith("azure-scheduled-events-exporter/")
+    received = ExportLogsServiceRequest()
+    received.ParseFromString(gzip.decompress(seen.body))
+    assert received == REQUEST
+
+
+@pytest.mark.parametrize(("reply", "status", "detail", "retry_after"), [
+    ((503, {"Retry-After": "7"}, b""), 503, "", 7.0),
+    ((429, {"Retry-After": "3600"}, b""), 429, "", 60.0),  # never longer than a minute
+    ((429, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, b""), 429, "", None),
+    # A google.rpc.Status: code 3, message "log record too large".
+    ((400, {"Content-Type": "application/x-protobuf"},
+      b"\x08\x03\x12\x14log record too large"), 400, "log record too large", None),
+    ((413, {"Content-Type": "text/plain"}, b"request\n  too big"), 413, "request too big", None),
+    ((401, {"Content-Type": "application/x-protobuf"}, b"\x12\xff"), 401, "", None),
+])
+def test_http_reads_the_status_the_collectors_words_and_retry_after(
+        http: Server, reply: tuple[int, dict[str, str], bytes], status: int, detail: str,
+        retry_after: float | None) -> None:
+    http.replies.append(reply)
+    answer = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs")).send(REQUEST, 5)
+    assert (answer.ok, answer.status, answer.detail, answer.retry_after) == (
+        False, status, detail, retry_after)
+    assert len(http.seen) == 1, "sent once: retrying is the caller's"
+
+
+def test_http_without_a_collector_says_so_without_raising() -> None:
+    answer = HttpTransport(target(f"http://127.0.0.1:{free_port()}/v1/logs")).send(REQUEST, 2)
+    assert (answer.ok, answer.status) == (False, None)
+    assert answer.detail == "Connection refused"
+
+
+def test_status_message_of_a_malformed_or_foreign_body_is_empty_or_text() -> None:
+    assert status_message(b"\x08", "application/x-protobuf") == ""
+    assert status_message(b"\x12\x50abc", "application/x-protobuf") == "abc"  # cut short
+    assert status_message(b'{"message": "no"}', "application/json") == '{"message": "no"}'
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 it signed: (ca.pem, cert.pem, key.pem)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(1)
+          .not_valid_before(now - datetime.timedelta(minutes=1))
+          .not_valid_after(now + datetime.timedelta(hours=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+def test_https_trusts_the_given_ca_and_refuses_an_unknown_one(
+        tls_files: tuple[Path, Path, Path]) -> None:
+    ca, cert, key = tls_files
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    for server in serve(context):
+        url = f"https://127.0.0.1:{server.port}/v1/logs"
+        trusted = HttpTransport(target(url, certificate=str(ca))).send(REQUEST, 5)
+        assert (trusted.ok, trusted.status) == (True, 200)
+        unknown = HttpTransport(target(url)).send(REQUEST, 5)  # certifi's bundle only
+        assert (unknown.ok, unknown.status) == (False, None)
+        assert "CERTIFICATE_VERIFY_FAILED" in unknown.detail
+        assert len(server.seen) == 1
+
+
+def test_http_goes_through_the_proxy_the_environment_names_unless_no_proxy(
+        http: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{http.port}")
+    monkeypatch.setenv("NO_PROXY", "bypassed.example")
+    answer = HttpTransport(target("http://collector.example:4318/v1/logs")).send(REQUEST, 5)
+    assert answer.ok
+    assert http.seen[-1].path == "http://collector.example:4318/v1/logs"  # the proxy's form
+    bypassed = HttpTransport(target("http://bypassed.example:1/v1/logs")).send(REQUEST, 2)
+    assert (bypassed.ok, bypassed.status) == (False, None)  # straight to it: no such host
+    assert len(http.seen) == 1
+
+
+# --- gRPC --------------------------------------------------------------------------------------
+
+@dataclass
+class GrpcCalls:
+    port: int
+    replies: list[str | None] = field(default_factory=list)
+    metadata: list[dict[str, str]] = field(default_factory=list)
+
+
+@pytest.fixture
+def grpc_server() -> Iterator[GrpcCalls]:
+    calls = GrpcCalls(free_port())
+
+    class Logs(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
+        def Export(self, request: Any, context: Any) -> Any:
+            calls.metadata.append(dict(context.invocation_metadata()))
+            verdict = calls.replies.pop(0) if calls.replies else None
+            if verdict is not None:
+                context.abort(getattr(grpc.StatusCode, verdict), "told to refuse")
+            return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
+                rejected_log_records=1, error_message="one too old"))
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
+    server.add_insecure_port(f"127.0.0.1:{calls.port}")
+    server.start()
+    try:
+        yield calls
+    finally:
+        server.stop(0)
+
+
+def test_grpc_sends_once_with_metadata_and_reads_status_names(grpc_server: GrpcCalls) -> None:
+    grpc_server.replies.extend(["INVALID_ARGUMENT", "UNAVAILABLE", None])
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}",
+                                     headers=(("api-key", "k1"),), gzip=True))
+    try:
+        refused = transport.send(REQUEST, 5)
+        assert (refused.ok, refused.status, refused.detail) == (
+            False, "INVALID_ARGUMENT", "told to refuse")
+        unavailable = transport.send(REQUEST, 5)  # the channel is discarded after this
+        assert (unavailable.ok, unavailable.status) == (False, "UNAVAILABLE")
+        accepted = transport.send(REQUEST, 5)
+        assert (accepted.ok, accepted.status, accepted.rejected, accepted.detail) == (
+            True, "OK", 1, "one too old")
+    finally:
+        transport.close()
+    assert len(grpc_server.metadata) == 3, "each sent once"
+    assert all(m["api-key"] == "k1" for m in grpc_server.metadata)
+    assert all(m["user-agent"].startswith("azure-scheduled-events-exporter/")
+               for m in grpc_server.metadata)
+
+
+def test_grpc_without_a_collector_is_unavailable_and_after_close_sends_nothing() -> None:
+    transport = GrpcTransport(target(f"http://127.0.0.1:{free_port()}"))
+    answer = transport.send(REQUEST, 2)
+    assert (answer.ok, answer.status) == (False, "UNAVAILABLE")
+    transport.close()
+    after = transport.send(REQUEST, 2)
+    assert (after.ok, after.status) == (False, None)
