@@ -229,3 +229,35 @@ def test_corrupt_state_file_is_set_aside(sim: Simulator, tmp_path: Path) -> None
         assert proc.terminate() == 0
     assert "unusable" in proc.stderr()
     assert list(state.parent.glob("state.json.corrupt-*"))
+
+
+@pytest.mark.timeout(90)
+def test_a_stop_during_a_slow_answer_lets_that_poll_finish_and_nothing_repeats(
+        sim: Simulator, tmp_path: Path) -> None:
+    """SIGTERM while an IMDS answer carrying a new transition is on its way: the poll thread
+    finishes that poll (its record is printed by the stopping process), commits the state
+    itself, and the next start reports nothing of it again (docs/semantics.md#reliability)."""
+    env = exporter_env(sim, tmp_path, SEE_POLL_INTERVAL="0.3", SEE_SHUTDOWN_TIMEOUT="10")
+    sim.set_events([freeze("Scheduled")])
+    with ExporterProcess(env) as first:
+        first.wait_for(lambda: ("EVT-1", "scheduled") in transitions(first.records()), 20,
+                       "scheduled")
+        sim.push_fault(Fault.slow(3.0))  # the next answer leaves 3 s after its request came
+        sim.set_events([freeze("Started", not_before="")])
+        assert sim.wait_for_faults_taken(1, timeout=10), "the slow request never came"
+        stopped = time.monotonic()
+        assert first.terminate(timeout=20) == 0, first.stderr()[-1500:]
+        took = time.monotonic() - stopped
+    assert transitions(first.records()) == [("EVT-1", "scheduled"), ("EVT-1", "started")], (
+        first.stderr()[-1500:])
+    assert took < 10, f"the stop took {took:.1f} s (SEE_SHUTDOWN_TIMEOUT 10 s)"
+    polls_before = len(polls(sim))
+    with ExporterProcess(env) as second:
+        assert sim.wait_for_requests(polls_before + 6, timeout=30,
+                                     path_prefix="/metadata/scheduledevents")
+        sim.set_events([])  # the event ends: the only news the second run may report
+        second.wait_for(lambda: bool(second.records()), 20, "the completion")
+        assert second.terminate() == 0
+    assert transitions(second.records()) == [("EVT-1", "completed")], second.stderr()[-1500:]
+    ids = [r["RecordId"] for r in first.records() + second.records()]
+    assert len(ids) == len(set(ids))

@@ -306,20 +306,28 @@ class Exporter:
             self.health.start()
 
     def stop(self) -> bool:
-        """Stop polling, drain every sink within the shutdown timeout. True if all drained."""
-        self._stop_polling.set()
+        """Stop polling, drain every sink within the shutdown timeout. True if all drained.
+
+        The poll thread finishes by itself: the poll under way completes (its records are
+        committed and handed over), then it ships the approval decisions and commits the state
+        a last time (``Poller.finish``). This thread only waits for it: two threads committing
+        could write an older state last, and the next start would report delivered
+        transitions again."""
         # The whole stop fits SEE_SHUTDOWN_TIMEOUT: the sinks drain until shortly before it,
         # the last metric export takes the rest.
         deadline = time.monotonic() + self.config.shutdown_timeout
         drain_deadline = deadline - min(1.0, self.config.shutdown_timeout / 10)
-        self._thread.join(timeout=min(1.0, self.config.shutdown_timeout))
         if self.approver is not None:
-            # A hook still running is killed; finished decisions still ship.
+            # A hook still running is killed; decisions made so far ship with the last commit.
             self.approver.stop(min(2.0, max(0.0, deadline - time.monotonic())))
-            self.poller.flush_approvals()
-        if self.committer is not None:
-            # Keep "last good document" fresh so the next start measures its gap correctly.
-            self.committer.commit(self.poller.state, (), self.poller.seq, changed=True)
+        self._stop_polling.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=max(0.0, drain_deadline - time.monotonic()))
+            if self._thread.is_alive():
+                # Still inside an IMDS request (the first may take 130 s): what it brings is
+                # committed before it is handed over, or derived again at the next start.
+                log.warning("the poll under way did not end within SEE_SHUTDOWN_TIMEOUT; "
+                            "stopping without it (the state of the last poll is saved)")
         drained = True
         for sink in self.sinks:
             remaining = max(0.0, drain_deadline - time.monotonic())

@@ -241,13 +241,26 @@ class Poller:
                 self.telemetry.record_transition(record)
         return records
 
-    def flush_approvals(self) -> None:
-        """Ship approval decisions that finished after the last poll (used at shutdown)."""
-        if self.approver is not None:
-            self._ship(tuple(self.approver.drain()), self.state, changed=True, good=False)
+    def finish(self) -> None:
+        """The last step of the poll thread: ship the approval decisions that finished after
+        the last poll and commit the state once more (its "last good document" fresh, so the
+        next start measures its observation gap from here). Only this thread writes ``seq``
+        and ``state`` and commits them, so nothing older can be written last."""
+        drained = tuple(self.approver.drain()) if self.approver is not None else ()
+        self._ship(drained, self.state, changed=True, good=False)
 
     def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set."""
+        """Poll until ``stop`` is set, then :meth:`finish` (a poll under way when ``stop`` is
+        set completes first: its records are committed and handed over, never half)."""
+        try:
+            self._loop(stop)
+        finally:
+            try:
+                self.finish()
+            except Exception:  # the state of the last good poll is on disk already
+                log.exception("the final state commit failed; the last poll's commit stands")
+
+    def _loop(self, stop: threading.Event) -> None:
         interval = self.config.poll_interval
         due = self.clock.monotonic()
         while not stop.is_set():

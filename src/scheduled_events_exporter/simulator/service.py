@@ -76,6 +76,7 @@ class Simulator:
         self._events: list[dict[str, object]] = []
         self._incarnation = 1
         self._faults = FaultQueue()
+        self._faults_taken = 0
         self._log_entries: list[RequestLogEntry] = []
         self._approved: set[str] = set()
         self._versions: tuple[str, ...] = SCHEDULED_EVENTS_VERSIONS
@@ -216,6 +217,13 @@ class Simulator:
         with self._lock:
             return list(self._log_entries)
 
+    def wait_for_faults_taken(self, count: int, timeout: float) -> bool:
+        """Wait until requests have met ``count`` queued faults in all (a delay fault is met
+        when its request arrives, before the answer: the request is then in flight); False
+        on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._faults_taken >= count, timeout)
+
     def clear_requests(self) -> None:
         """Forget the request log (wait_for_requests counts from here on)."""
         with self._lock:
@@ -256,6 +264,9 @@ class Simulator:
             return route
         with self._lock:
             fault = self._faults.take(route.target, method, time.monotonic())
+            if fault is not None:
+                self._faults_taken += 1
+                self._lock.notify_all()
         if fault is not None:
             if self._stopping.wait(fault.delay):  # stop() cuts a delay short, unlike time.sleep
                 return error(HTTPStatus.SERVICE_UNAVAILABLE, "Simulator stopping")
