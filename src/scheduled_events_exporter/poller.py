@@ -26,6 +26,7 @@ from scheduled_events_exporter.model import (
     Transition,
 )
 from scheduled_events_exporter.records import TransitionRecord, make_record
+from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import GaugeSnapshot, Telemetry
 from scheduled_events_exporter.tracker import Evidence, TrackerState, note_unchanged, track
 
@@ -130,14 +131,17 @@ class Poller:
         self._metrics_changed = metrics_changed
         #: The host's boot id (read once at start: it cannot change while this process runs).
         self.boot_id = boot_id
-        self._failures = 0
-        self._anomalies_logged_for: int | None = None
-        self._first_poll_monotonic: float | None = None
-        self._silence_logged: float | None = None
-        self._crashes = 0
+        # What is said once per streak (streak.py): failed polls (also their backoff), the
+        # outcome of the requests, IMDS silent since the start, polls that crashed, the
+        # repairs of one document incarnation.
+        mono = lambda: self.clock.monotonic()  # noqa: E731 (the clock may be swapped in tests)
+        self._failures = Streak(clock=mono)
+        self._outcomes = Streak(clock=mono)
+        self._silence = Streak(clock=mono)
+        self._crashes = Streak(repeat_count=60, clock=mono)
+        self._repaired = Streak(clock=mono)
         #: Monotonic time by which the next poll must have ended (liveness reads it).
         self.next_tick_deadline: float | None = None
-        self._last_outcome: str | None = None
         self.last_outcome: str | None = None
         self.last_good_monotonic: float | None = None
         self.ticks = 0
@@ -183,7 +187,7 @@ class Poller:
         first_good = result.outcome.good and self.last_good_monotonic is None
         if result.outcome.good:
             self.last_good_monotonic = now_mono
-            self._failures = 0
+            self._failures.clear()
             self.telemetry.publish(
                 GaugeSnapshot(
                     events=tuple(k.event for k in self.state.events.values()),
@@ -197,7 +201,7 @@ class Poller:
             if self.approver is not None and result.document is not None and self.instance.vm_id:
                 self.approver.offer(result.document.events, result.document.incarnation)
         else:
-            self._failures += 1
+            self._failures.hit()
         if (changed or records or first_good) and self._metrics_changed is not None:
             self._metrics_changed()
         return result, records
@@ -208,9 +212,8 @@ class Poller:
 
     def _note_anomalies(self, incarnation: int, anomalies: Sequence[Anomaly]) -> None:
         # Once per incarnation: IMDS serves the same document every second until it changes.
-        if not anomalies or self._anomalies_logged_for == incarnation:
+        if not anomalies or not self._repaired.hit(incarnation):
             return
-        self._anomalies_logged_for = incarnation
         for anomaly in anomalies:
             self.telemetry.record_anomaly(anomaly.kind)
             log.warning("IMDS document incarnation %d repaired (%s): %s; the other events "
@@ -270,20 +273,19 @@ class Poller:
             except Exception:
                 # Nothing may end polling silently: a bug met by one document costs that poll,
                 # not the exporter's watch. The state was not replaced, so nothing is lost.
-                self._crashes += 1
-                if self._crashes == 1 or self._crashes % 60 == 0:
+                if self._crashes.hit():
                     log.exception("poll failed unexpectedly (%d in a row); polling continues",
-                                  self._crashes)
+                                  self._crashes.count)
                 due = self.clock.monotonic() + max(interval, 1.0)
                 self.next_tick_deadline = due + self._request_budget()
                 stop.wait(max(0.0, due - self.clock.monotonic()))
                 continue
-            self._crashes = 0
+            self._crashes.clear()
             now = self.clock.monotonic()
             if result.outcome.good:
                 due = next_due(due, now, interval)
             else:
-                due = now + retry_delay(result, self._failures, interval)
+                due = now + retry_delay(result, self._failures.count, interval)
             # The wait for the next poll (a backoff may last a minute) is part of the deadline.
             self.next_tick_deadline = due + self._request_budget()
             stop.wait(max(0.0, due - self.clock.monotonic()))
@@ -302,31 +304,29 @@ class Poller:
             return
         if result.outcome is Outcome.API_VERSION_REFUSED:
             return  # IMDS did answer; its own error line said what to do
-        if self._first_poll_monotonic is None:  # the outcome line just said it once
-            self._first_poll_monotonic = self._silence_logged = now
+        first = self._silence.current is None  # the outcome line just said it
+        if not self._silence.hit(repeat_after=SILENCE_LOG_EVERY) or first:
             return
-        if self._silence_logged is not None and now - self._silence_logged < SILENCE_LOG_EVERY:
-            return
-        self._silence_logged = now
+        run = self._silence.current
         log.warning(
             "IMDS at %s has not given a document since the start %.0f s ago (last: %s: %s). "
             "On an Azure VM it can take up to 2 minutes to enable itself; off Azure, "
             "'scheduled-events-exporter demo' runs against a simulated IMDS.",
-            self.config.imds_endpoint, now - self._first_poll_monotonic,
+            self.config.imds_endpoint, now - (run.since if run else now),
             result.outcome.value, result.error or "no detail")
 
     def _log_outcome(self, result: PollResult) -> None:
         # Once per outcome change, not once per second: a 410 minute is one line, not sixty.
         # 200 and 304 are both "good" and alternate constantly, so they count as one outcome.
         key = "good" if result.outcome.good else result.outcome.value
-        if key == self._last_outcome:
+        previous = self._outcomes.current
+        if not self._outcomes.hit(key):
             return
-        previous, self._last_outcome = self._last_outcome, key
         if result.outcome.good:
             if previous is None:
                 log.info("IMDS answered: first document received")
             else:
-                log.info("IMDS answering again after %s", previous)
+                log.info("IMDS answering again after %s", previous.key)
         elif result.outcome is Outcome.GONE:
             # The documentation says about a minute after start; on real VMs it has lasted
             # 2-3 minutes. Readiness says when it lasts too long; the log says it once.

@@ -3,7 +3,7 @@
 A full or read-only state volume must not stop the exporter: it keeps polling and delivering
 from memory. Each file writer (the state file, a sink's spool, the dead-letter file) owns a
 :class:`WriteWatch` that logs the first failure and the recovery of each streak (one line each,
-not one per poll) and tells ``/readyz`` which file cannot be written and why.
+not one per poll; :mod:`.streak`) and tells ``/readyz`` which file cannot be written and why.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from scheduled_events_exporter.streak import Streak
 
 log = logging.getLogger(__name__)
 
@@ -48,32 +49,31 @@ class WriteWatch:
         self._what = what
         self._consequence = consequence
         self._monotonic = monotonic
-        self._lock = threading.Lock()
+        self._streak = Streak(clock=monotonic)
         self._fault: WriteFault | None = None
 
     def failed(self, exc: OSError, path: Path | None = None) -> None:
         """Note a failed write; the first of a streak is logged (with what it means)."""
         file = str(path or self.path)
         error = describe_os_error(exc)
-        with self._lock:
-            previous = self._fault
-            since = previous.since if previous else self._monotonic()
-            failures = previous.failures + 1 if previous else 1
-            self._fault = WriteFault(file, error, since, failures)
-        if previous is None:
+        first = self._streak.hit()
+        run = self._streak.current
+        self._fault = WriteFault(file, error, run.since if run else self._monotonic(),
+                                 run.count if run else 1)
+        if first:
             log.error("cannot write the %s %s (%s); %s; retrying until it is writable again",
                       self._what, file, error, self._consequence)
 
     def succeeded(self) -> None:
         """Note a successful write; ends (and logs the end of) a failure streak."""
-        if self._fault is None:  # the common case: no lock, no log
+        if self._fault is None:  # the common case: nothing to end, nothing to log
             return
-        with self._lock:
-            previous, self._fault = self._fault, None
-        if previous is not None:
+        previous, self._fault = self._fault, None
+        ended = self._streak.clear()
+        if ended is not None:
             log.warning("the %s %s is writable again after %d failed writes in %.0f s",
-                        self._what, previous.file, previous.failures,
-                        self._monotonic() - previous.since)
+                        self._what, previous.file, ended.count,
+                        self._monotonic() - ended.since)
 
     @contextlib.contextmanager
     def guard(self, path: Path | None = None) -> Iterator[None]:

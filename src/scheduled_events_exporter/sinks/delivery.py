@@ -51,6 +51,7 @@ from scheduled_events_exporter.sinks.base import (
     open_spool,
 )
 from scheduled_events_exporter.spool import Spool
+from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics
 
 log = logging.getLogger(__name__)
@@ -110,10 +111,12 @@ class DeliveryWorker:
         self._cond = threading.Condition()
         self._seq = 0
         self._stopping = False
-        self._failures = 0
+        # Failed deliveries in a row (said at the first), and the configuration errors among
+        # them (said again every CONFIG_ERROR_REPEAT seconds while they last): streak.py.
+        self._failing = Streak(clock=clock)
+        self._misconfigured = Streak(clock=clock)
         self._last_error = ""
         self._config_error = ""
-        self._config_logged = -float("inf")
         self._dropped = 0
         # When the oldest record dropped since the last delivery was queued: a spool that
         # overflows must not make a sink that delivers nothing look as if its backlog were new.
@@ -252,7 +255,7 @@ class DeliveryWorker:
                 self.name,
                 len(self._queue),
                 oldest,
-                self._failures,
+                self._failing.count,
                 self._last_error,
                 self._dropped,
                 self._seq,
@@ -345,30 +348,23 @@ class DeliveryWorker:
             while self._queue and self._queue[0].seq <= last:
                 self._bytes -= self._queue.popleft().size
             self._dropped_since = None
-            if self._failures:
-                log.warning(
-                    "sink %s: delivering again after %d failed attempts",
-                    self.name,
-                    self._failures,
-                )
-            self._failures = 0
+            ended = self._failing.clear()
+            if ended is not None:
+                log.warning("sink %s: delivering again after %d failed attempts", self.name,
+                            ended.count)
+            self._misconfigured.clear()
             self._last_error = ""
             self._config_error = ""
-            self._config_logged = -float("inf")
             self._cond.notify_all()
 
     def _note_failure(self, error: DeliveryError) -> None:
         message = str(error)[:300]
-        now = self._clock()
+        config = error.kind is FailureKind.CONFIG
         with self._cond:
-            self._failures += 1
-            first = self._failures == 1
+            first = self._failing.hit()
             self._last_error = message
-            config = error.kind is FailureKind.CONFIG
             self._config_error = message if config else ""
-            loud = config and now - self._config_logged >= CONFIG_ERROR_REPEAT
-            if loud:
-                self._config_logged = now
+            loud = config and self._misconfigured.hit(repeat_after=CONFIG_ERROR_REPEAT)
         if loud:
             log.error("sink %s: %s; nothing will be delivered until this is fixed "
                       "(records are kept and retried)", self.name, message)

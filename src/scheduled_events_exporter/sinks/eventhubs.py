@@ -41,6 +41,7 @@ from scheduled_events_exporter.sinks.hub_sender import (
 )
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
+from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ class EventHubsMetricExporter(MetricExporter):
         self._resource = resource
         self._count_failure = count_failure
         self._hub_failing = hub_failing
-        self._failing = False
+        self._failing = Streak()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
@@ -145,14 +146,12 @@ class EventHubsMetricExporter(MetricExporter):
         try:
             self._sender.send(messages, timeout=timeout_millis / 1000)
         except DeliveryError as exc:
-            if not self._failing and not self._sender.closed:  # once per failure streak
+            if self._failing.hit() and not self._sender.closed:
                 log.warning("sink eventhubs: metrics snapshots not sent: %s", exc)
-            self._failing = True
             self._count_failure("eventhubs", "metrics", 1)
             return MetricExportResult.FAILURE
-        if self._failing:
+        if self._failing.clear() is not None:
             log.info("sink eventhubs: metrics snapshots sent again")
-        self._failing = False
         return MetricExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:

@@ -44,6 +44,7 @@ from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReade
 from scheduled_events_exporter.sinks.otlp_errors import describe, export_error
 from scheduled_events_exporter.sinks.otlp_proto import as_json, logs_request, metrics_request
 from scheduled_events_exporter.sinks.otlp_transport import HttpTransport, Transport
+from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class OtlpMetricExporter(MetricExporter):
         self._sink = sink
         self._count_failure = count_failure
         self._extra = extra
-        self._failing = False
+        self._failing = Streak()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
@@ -102,12 +103,11 @@ class OtlpMetricExporter(MetricExporter):
             if answer.rejected:
                 log.warning("sink %s: the collector dropped %d of the metric data points: %s",
                             self._sink, answer.rejected, answer.detail or "no reason given")
-            self._failing = False
+            self._failing.clear()
             return MetricExportResult.SUCCESS
-        if not self._failing:
+        if self._failing.hit():
             log.error("sink %s: metric export failed: %s (metrics are read and sent again at "
                       "the next change or heartbeat)", self._sink, describe(answer))
-        self._failing = True
         self._count_failure(self._sink, "metrics", 1)
         return MetricExportResult.FAILURE
 
@@ -128,7 +128,7 @@ class OtlpSink(WorkerSink):
     def __init__(self, config: Config, count_failure: FailureCounter) -> None:
         self._target = config.otlp_logs
         self._transport = transport_for(config.otlp_logs)
-        self._partial = False
+        self._partial = Streak()
         self._count = count_failure
         # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
         self._readers: tuple[OnChangeMetricReader, ...] = ()
@@ -158,15 +158,15 @@ class OtlpSink(WorkerSink):
         answer = self._transport.send(logs_request(records, self._resource), self._target.timeout)
         if not answer.ok:
             raise export_error(answer, len(records))
-        if answer.rejected:
-            # Accepted, yet dropped by the collector (OTLP partial success): nothing to resend
-            # (it would be dropped again), so it is counted and said once per streak.
-            if not self._partial:
-                log.warning("sink %s: the collector accepted the records but dropped %d of "
-                            "them: %s", self.name, answer.rejected,
-                            answer.detail or "no reason given")
-            self._count(self.name, "logs", answer.rejected)
-        self._partial = bool(answer.rejected)
+        if not answer.rejected:
+            self._partial.clear()
+            return
+        # Accepted, yet dropped by the collector (OTLP partial success): nothing to resend (it
+        # would be dropped again), so it is counted and said once per streak.
+        if self._partial.hit():
+            log.warning("sink %s: the collector accepted the records but dropped %d of them: "
+                        "%s", self.name, answer.rejected, answer.detail or "no reason given")
+        self._count(self.name, "logs", answer.rejected)
 
     def _payload(self, record: TransitionRecord) -> object:
         return as_json(logs_request([record], self._resource))
