@@ -95,10 +95,6 @@ class Sink(Protocol):
         the sink's own thread. Must return at once."""
         ...
 
-    def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for everything submitted to be delivered."""
-        ...
-
     def shutdown(self, timeout: float) -> bool:
         """Deliver what is pending within ``timeout`` and stop. True if nothing was left."""
         ...

@@ -447,10 +447,6 @@ class WorkerSink:
         """Queue records for delivery (durably when a spool is configured)."""
         self._worker.submit(records)
 
-    def flush(self, timeout: float) -> bool:
-        """Wait until queued records are delivered."""
-        return self._worker.flush(timeout)
-
     def shutdown(self, timeout: float) -> bool:
         """Deliver what is queued within ``timeout``, then release the sink's resources."""
         done = self._worker.stop(timeout)
