@@ -360,22 +360,37 @@ def test_windows_ctrl_c_and_ctrl_break_are_left_to_pythons_signal_handlers() -> 
     assert not stop.is_set()
 
 
+class WatchedEvent(threading.Event):
+    """An event that says when someone starts waiting on it (``waiting``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 @pytest.mark.parametrize("event", [stops.CTRL_CLOSE, stops.CTRL_SHUTDOWN, stops.CTRL_LOGOFF])
 def test_windows_close_logoff_and_shutdown_stop_and_wait_for_the_drain(event: int) -> None:
-    stop, finished = threading.Event(), threading.Event()
+    stop, finished = threading.Event(), WatchedEvent()
     handle = stops.console_handler(stop, finished, in_service=False, grace=10)
-    done: list[float] = []
+    order: list[str] = []
 
     def drain() -> None:
-        stop.wait(5)
-        time.sleep(0.2)  # the shutdown's own work
-        done.append(time.monotonic())
-        finished.set()
+        # The shutdown runs once the stop is asked for, and ends only while the handler is
+        # already waiting for it: a handler that returned without waiting is caught.
+        if stop.wait(5) and finished.waiting.wait(5):
+            order.append("drained")
+            finished.set()
 
-    threading.Thread(target=drain).start()
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
     assert handle(event) is True
-    returned = time.monotonic()
-    assert stop.is_set() and done and done[0] <= returned, "returned only after the drain"
+    order.append("returned")
+    assert stop.is_set() and order == ["drained", "returned"], "returned only after the drain"
+    drainer.join(5)
 
 
 def test_windows_handler_returns_within_the_time_windows_gives() -> None:
@@ -406,8 +421,13 @@ def test_windows_install_registers_sigint_sigbreak_and_the_console_handler() -> 
                           exit_now=exits.append)
     assert set(registered) == {signal.SIGINT, 21}  # SIGBREAK is 21 on Windows
     assert len(handlers) == 1
-    handlers[0](stops.CTRL_LOGOFF)  # session unknown: treated as interactive, so it stops
-    assert stop.is_set()
+    # The shutdown, done as soon as the stop is asked for: the handler need not wait out its
+    # grace (4.5 s) for a drain nobody runs.
+    drainer = threading.Thread(target=lambda: stop.wait(5) and finished.set(), daemon=True)
+    drainer.start()
+    assert handlers[0](stops.CTRL_LOGOFF) is True  # session unknown: interactive, so it stops
+    assert stop.is_set() and finished.is_set()
+    drainer.join(5)
     registered[signal.SIGINT](signal.SIGINT, None)  # a second request: exit at once
     assert exits == [128 + signal.SIGINT]
 

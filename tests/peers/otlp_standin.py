@@ -5,7 +5,9 @@
 
 Both decode each logs request with the real OTLP protobuf classes, answer according to
 :meth:`answer` (a callable given the EventIds in the request: ``None`` accepts, an HTTP status
-or a gRPC status name refuses), and keep every *accepted* log record, in arrival order.
+or a gRPC status name refuses), and keep every *accepted* log record, in arrival order, with its
+serialized content, the request it came in and the sender the request named in the
+:data:`SENDER_HEADER` header (``OTEL_EXPORTER_OTLP_LOGS_HEADERS`` of the exporter sets it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 P = "azure.scheduled_event."
+#: A request header (gRPC metadata key) a test sets per exporter process to tell who sent what.
+SENDER_HEADER = "x-test-sender"
 
 #: Given the EventIds of a request, the refusal to answer with (``None``: accept).
 Answer = Callable[[list[str]], "int | str | None"]
@@ -40,17 +44,24 @@ class Accepted:
     transition: str
     uid: str
     arrival: float
+    #: The log record as serialized protobuf (time, severity, body, attributes, event name).
+    content: bytes = b""
+    #: Which accepted request it came in (1, 2, ...), and the request's SENDER_HEADER value.
+    request: int = 0
+    sender: str = ""
 
 
-def _records(request: ExportLogsServiceRequest) -> list[tuple[str, str, str]]:
-    """(EventId, transition, log.record.uid) of every log record in the request."""
+def _records(request: ExportLogsServiceRequest) -> list[tuple[str, str, str, bytes]]:
+    """(EventId, transition, log.record.uid, serialized record) of every log record in the
+    request."""
     out = []
     for resource_logs in request.resource_logs:
         for scope_logs in resource_logs.scope_logs:
             for record in scope_logs.log_records:
                 attrs = {a.key: a.value.string_value for a in record.attributes}
                 out.append((attrs.get(P + "id", ""), record.event_name.rsplit(".", 1)[-1],
-                            attrs.get("log.record.uid", "")))
+                            attrs.get("log.record.uid", ""),
+                            record.SerializeToString(deterministic=True)))
     return out
 
 
@@ -62,7 +73,7 @@ class _Base:
         self.refused: list[tuple[Any, list[str]]] = []
         self.requests = 0
 
-    def _handle(self, body: bytes) -> int | str | None:
+    def _handle(self, body: bytes, sender: str = "") -> int | str | None:
         request = ExportLogsServiceRequest()
         request.ParseFromString(body)
         records = _records(request)
@@ -71,7 +82,8 @@ class _Base:
         with self._cond:
             self.requests += 1
             if verdict is None:
-                self.accepted.extend(Accepted(e, t, u, now) for e, t, u in records)
+                self.accepted.extend(Accepted(e, t, u, now, c, self.requests, sender)
+                                     for e, t, u, c in records)
             else:
                 self.refused.append((verdict, [r[0] for r in records]))
             self._cond.notify_all()
@@ -85,6 +97,11 @@ class _Base:
                 raise AssertionError(f"timed out after {timeout} s waiting for {what}; accepted: "
                                      f"{[(a.event_id, a.transition) for a in self.accepted]}")
             return list(self.accepted)
+
+    def wait_until(self, predicate: Callable[[list[Accepted]], bool], timeout: float) -> bool:
+        """Wait until ``predicate(accepted)`` holds; False once ``timeout`` has passed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.accepted), max(timeout, 0.0))
 
 
 class OtlpHttpStandIn(_Base):
@@ -101,7 +118,7 @@ class OtlpHttpStandIn(_Base):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.path == "/v1/logs":
-                    verdict = outer._handle(body)
+                    verdict = outer._handle(body, self.headers.get(SENDER_HEADER, ""))
                     if verdict is not None:
                         self._reply(int(verdict), b"refused by the stand-in")
                         return
@@ -148,7 +165,8 @@ class OtlpGrpcStandIn(_Base):
 
         class Logs(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
             def Export(self, request: Any, context: Any) -> Any:
-                verdict = outer._handle(request.SerializeToString())
+                sender = dict(context.invocation_metadata()).get(SENDER_HEADER, "")
+                verdict = outer._handle(request.SerializeToString(), sender)
                 if verdict is not None:
                     context.abort(getattr(grpc.StatusCode, str(verdict)), "refused")
                 return ExportLogsServiceResponse()
