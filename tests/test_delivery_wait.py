@@ -9,6 +9,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
 from scheduled_events_exporter.records import TransitionRecord, make_record
 from scheduled_events_exporter.sinks.base import DeliveryError
@@ -107,3 +110,39 @@ def test_a_peer_that_says_retry_after_is_waited_for_before_the_next_attempt() ->
     finally:
         worker.stop(5)
     assert len(attempts) == 2 and attempts[1] - attempts[0] >= 1.45, attempts
+
+
+class Scripted:
+    """A collector whose availability follows a script, one entry per delivery attempt
+    (True: up), then up for good; it keeps every record it accepted, in arrival order."""
+
+    def __init__(self, script: list[bool]) -> None:
+        self.script = list(script)
+        self.accepted: list[int] = []
+
+    def __call__(self, records: Sequence[TransitionRecord]) -> None:
+        if self.script and not self.script.pop(0):
+            raise DeliveryError("collector unreachable")
+        self.accepted.extend(r.seq for r in records)
+
+
+@settings(max_examples=40, deadline=None)
+@given(script=st.lists(st.booleans(), max_size=40),
+       bursts=st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=6))
+def test_an_outage_of_any_shape_loses_nothing_and_repeats_nothing(script: list[bool],
+                                                                  bursts: list[int]) -> None:
+    # The invariant of the process test (tests/test_outage.py), for every pattern of
+    # failures: each record once, in order, whenever it was submitted. Waits are scaled down.
+    collector = Scripted(script)
+    worker = DeliveryWorker("otlp", collector, lambda *_: None, max_records=10_000,
+                            backoff=(0.0005, 0.002))
+    worker.start()
+    seq = 0
+    try:
+        for size in bursts:
+            worker.submit([record(s) for s in range(seq + 1, seq + size + 1)])
+            seq += size
+        assert worker.flush(30), "not delivered"
+    finally:
+        worker.stop(5)
+    assert collector.accepted == list(range(1, seq + 1))

@@ -1,5 +1,6 @@
-"""The on-change metric reader: exports soon after a change, otherwise on the heartbeat, on its
-own thread; the caller never waits for an export."""
+"""The on-change metric reader: exports soon after a change, otherwise on the heartbeat (the
+schedule is tested as a pure function of given times), on its own thread; the caller never
+waits for an export."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
-from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
+from scheduled_events_exporter.sinks.on_change_reader import Cadence, OnChangeMetricReader
 from tests.exporter_process import wait_until
 
 
@@ -63,56 +64,76 @@ def make() -> Iterator[Any]:
         provider.shutdown(timeout_millis=2000)
 
 
-def test_change_is_exported_at_once_and_heartbeat_follows(make: Any) -> None:
+# --- the schedule, on given times (pure) ------------------------------------------------------
+
+def schedule(cadence: Cadence, changes: list[float], until: float, step: float = 0.1
+             ) -> list[float]:
+    """The times the reader's loop would export at, walking the clock in ``step`` seconds."""
+    exports, now, pending = [], 0.0, sorted(changes)
+    while now <= until:
+        while pending and pending[0] <= now:
+            pending.pop(0)
+            cadence.change()
+        if cadence.take(now):
+            exports.append(round(now, 3))
+            cadence.exported(now)
+        now = round(now + step, 3)
+    return exports
+
+
+def test_idle_exports_are_one_heartbeat_apart() -> None:
+    assert schedule(Cadence.starting(0.0, heartbeat=60, min_gap=2), [], 200) == [60, 120, 180]
+
+
+def test_a_change_after_a_quiet_spell_is_exported_at_once_and_moves_the_heartbeat() -> None:
+    exports = schedule(Cadence.starting(0.0, heartbeat=60, min_gap=2), [30.0], 150)
+    assert exports == [30, 90, 150]
+
+
+def test_a_burst_of_changes_costs_one_export_per_gap() -> None:
+    changes = [10 + 0.5 * i for i in range(20)]  # a document changing every half second
+    exports = schedule(Cadence.starting(0.0, heartbeat=60, min_gap=2), changes, 40)
+    # One export per 2 s gap; the last change (19.5) answered at 20, then the heartbeat.
+    assert exports == [10, 12, 14, 16, 18, 20]
+
+
+def test_a_change_just_after_an_export_waits_for_the_gap_not_the_heartbeat() -> None:
+    assert schedule(Cadence.starting(0.0, heartbeat=60, min_gap=2), [60.5], 130) == [
+        60, 62, 122]
+
+
+# --- the thread ---------------------------------------------------------------------------------
+
+def test_a_change_is_exported_on_the_readers_own_thread(make: Any) -> None:
     exporter = Recorder()
-    reader, counter = make(exporter, heartbeat=1.0, min_gap=0.3)
+    reader, counter = make(exporter, heartbeat=3600.0, min_gap=0.3)
     counter.add(5)
-    told = time.monotonic()
     reader.metrics_changed()
-    wait_until(lambda: len(exporter.times) >= 1, 2, "the on-change export")
-    assert exporter.times[0] - told < 0.2  # the first change after a quiet time: no gap
+    wait_until(lambda: len(exporter.times) >= 1, 5, "the on-change export")
     assert exporter.values[0] == 5 and exporter.threads[0] == "metrics-reader"
-    wait_until(lambda: len(exporter.times) >= 3, 4, "two heartbeats")
-    gaps = [b - a for a, b in zip(exporter.times, exporter.times[1:], strict=False)]
-    assert all(0.9 < g < 1.4 for g in gaps[:2]), gaps
-
-
-def test_a_burst_of_changes_is_rate_limited_by_the_gap(make: Any) -> None:
-    exporter = Recorder()
-    reader, counter = make(exporter, heartbeat=60.0, min_gap=0.5)
-    start = time.monotonic()
-    for _ in range(20):  # a document changing at every poll, compressed
-        counter.add(1)
-        reader.metrics_changed()
-        time.sleep(0.02)
-    wait_until(lambda: exporter.values and exporter.values[-1] == 20, 3, "the last change")
-    elapsed = exporter.times[-1] - start
-    assert len(exporter.times) <= 2 + int(elapsed / 0.5)  # at most one export per gap
-    gaps = [b - a for a, b in zip(exporter.times, exporter.times[1:], strict=False)]
-    assert all(g >= 0.45 for g in gaps), gaps
 
 
 def test_metrics_changed_never_waits_for_a_slow_export(make: Any) -> None:
     exporter = Recorder(delay=1.0)  # a collector that takes a second to answer
-    reader, counter = make(exporter, heartbeat=60.0, min_gap=0.0)
+    reader, counter = make(exporter, heartbeat=3600.0, min_gap=0.0)
     counter.add(1)  # a reader exports nothing while no instrument has data
     reader.metrics_changed()
-    time.sleep(0.1)  # (the assertion below holds whether or not the export began yet)
+    assert exporter.entered.wait(5)  # the reader thread is inside the slow export now
     began = time.monotonic()
     for _ in range(100):
         reader.metrics_changed()
-    assert time.monotonic() - began < 0.05
-    wait_until(lambda: len(exporter.times) >= 2, 5, "the export after the slow one")
+    assert time.monotonic() - began < 0.5  # 100 calls, none waiting for the 1 s export
+    wait_until(lambda: len(exporter.times) >= 2, 5, "the export the changes asked for")
 
 
 def test_shutdown_exports_once_more_and_stops(make: Any) -> None:
     exporter = Recorder()
-    reader, counter = make(exporter, heartbeat=60.0, min_gap=0.0)
+    reader, counter = make(exporter, heartbeat=3600.0, min_gap=0.0)
     counter.add(7)
-    reader.shutdown(timeout_millis=2000)
+    reader.shutdown(timeout_millis=2000)  # joins the reader's thread
     assert exporter.values == [7] and exporter.shut
-    reader.metrics_changed()  # after shutdown: ignored, no thread to wake
-    time.sleep(0.2)
+    reader.metrics_changed()  # after shutdown: nothing to wake, nothing exported
+    reader.shutdown(timeout_millis=2000)
     assert exporter.values == [7]
 
 

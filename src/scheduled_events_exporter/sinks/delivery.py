@@ -96,8 +96,11 @@ class DeliveryWorker:
         dead_letter: DeadLetterFile | None = None,
         payload: Callable[[TransitionRecord], object] = to_columns,
         clock: Callable[[], float] = time.monotonic,
+        backoff: tuple[float, float] = (BACKOFF_START, BACKOFF_CAP),
     ) -> None:
         self.name = name
+        #: (first, longest) wait between two attempts after a failure.
+        self._backoff = backoff
         self._deliver = deliver
         self._count_failure = count_failure
         self._max = max_records
@@ -265,7 +268,8 @@ class DeliveryWorker:
             )
 
     def _run(self) -> None:
-        backoff = BACKOFF_START
+        first_wait, longest_wait = self._backoff
+        backoff = first_wait
         # While records up to this sequence number are in the queue, send them one at a time:
         # a batch containing them was rejected permanently and the culprit is not known yet.
         isolate_until = 0
@@ -318,9 +322,9 @@ class DeliveryWorker:
                     self._cond.wait(delay)  # ends early on stop
                     if self._stopping:
                         return
-                backoff = min(backoff * 2, BACKOFF_CAP)
+                backoff = min(backoff * 2, longest_wait)
                 continue
-            backoff = BACKOFF_START
+            backoff = first_wait
             last = batch[-1].seq
             failpoints.hit("after_deliver")
             self._ack(last)

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -36,6 +37,49 @@ log = logging.getLogger(__name__)
 MIN_GAP = 2.0
 
 
+@dataclass
+class Cadence:
+    """When the next export is due (pure: times are given, monotonic seconds).
+
+    An export is due ``heartbeat`` seconds after the previous one; after :meth:`change`, as
+    soon as ``min_gap`` has passed since the previous one (at once after a quiet spell).
+    """
+
+    heartbeat: float
+    min_gap: float
+    next_heartbeat: float
+    last_export: float = -float("inf")
+    changed: bool = False
+
+    @classmethod
+    def starting(cls, now: float, heartbeat: float, min_gap: float) -> Cadence:
+        """The cadence of a reader started at ``now`` (its first heartbeat one period on)."""
+        return cls(heartbeat, min_gap, now + heartbeat)
+
+    def change(self) -> None:
+        """The metrics changed: export soon."""
+        self.changed = True
+
+    def due(self) -> float:
+        """The time of the next export."""
+        if self.changed:
+            return min(self.next_heartbeat, self.last_export + self.min_gap)
+        return self.next_heartbeat
+
+    def take(self, now: float) -> bool:
+        """Whether an export is due at ``now``; if so, the change it answers is consumed (a
+        change during the export asks for another)."""
+        if now < self.due():
+            return False
+        self.changed = False
+        return True
+
+    def exported(self, at: float) -> None:
+        """An export ended at ``at``: the next heartbeat is one period later."""
+        self.last_export = at
+        self.next_heartbeat = at + self.heartbeat
+
+
 class OnChangeMetricReader(MetricReader):
     """Export on :meth:`metrics_changed` (rate-limited by ``min_gap``) or every ``heartbeat``."""
 
@@ -49,15 +93,11 @@ class OnChangeMetricReader(MetricReader):
         # preference in private attributes only.
         super().__init__(preferred_temporality=preferred_temporality)
         self._exporter = exporter
-        self._heartbeat = heartbeat
-        self._min_gap = min_gap
         self._timeout_ms = export_timeout * 1000
         self._clock = clock
         self._cond = threading.Condition()
-        self._changed = False
         self._stopping = False
-        self._last_export = -float("inf")
-        self._next_heartbeat = clock() + heartbeat
+        self._cadence = Cadence.starting(clock(), heartbeat, min_gap)
         self._export_lock = threading.Lock()  # the exporter is never called concurrently
         self._thread = threading.Thread(target=self._run, name="metrics-reader", daemon=True)
         self._thread.start()
@@ -65,26 +105,19 @@ class OnChangeMetricReader(MetricReader):
     def metrics_changed(self) -> None:
         """Ask for an export soon (within ``min_gap``). Returns at once; safe from any thread."""
         with self._cond:
-            self._changed = True
+            self._cadence.change()
             self._cond.notify_all()
-
-    def _due(self) -> float:
-        if self._changed:
-            return min(self._next_heartbeat, self._last_export + self._min_gap)
-        return self._next_heartbeat
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (left := self._due() - self._clock()) > 0:
-                    self._cond.wait(left)
+                while not self._stopping and not self._cadence.take(now := self._clock()):
+                    self._cond.wait(self._cadence.due() - now)
                 if self._stopping:
                     return
-                self._changed = False
             self._collect_now(self._timeout_ms)
             with self._cond:
-                self._last_export = self._clock()
-                self._next_heartbeat = self._last_export + self._heartbeat
+                self._cadence.exported(self._clock())
 
     def _collect_now(self, timeout_ms: float) -> None:
         try:
