@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scheduled_events_exporter import app, imds, spool
+from scheduled_events_exporter import imds, spool, state
 from scheduled_events_exporter.cli import main
 from scheduled_events_exporter.sinks import delivery, otlp
 
@@ -60,7 +60,7 @@ def fetch(self: Any) -> Any:
 
 
 imds.ImdsClient.fetch_events = fetch  # type: ignore[method-assign]
-around(app.StateCommitter, "commit", "commit",
+around(state.StateCommitter, "commit", "commit",
        lambda self, state, records, seq, **kw: bool(records))
 around(spool.Spool, "append", "spool")
 around(delivery.DeliveryWorker, "submit", "submit", lambda self, records: bool(records))

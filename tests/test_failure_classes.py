@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scheduled_events_exporter.platforms.files import write_all
 from scheduled_events_exporter.sinks.base import FailureKind
 from scheduled_events_exporter.sinks.otlp_errors import classify_grpc, classify_http, export_error
 from scheduled_events_exporter.sinks.otlp_transport import Answer
-from scheduled_events_exporter.state import write_all
 from scheduled_events_exporter.write_faults import describe_os_error
 
 T, C, P = FailureKind.TRANSIENT, FailureKind.CONFIG, FailureKind.PERMANENT

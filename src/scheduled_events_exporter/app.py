@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -30,9 +30,8 @@ from scheduled_events_exporter.poller import Clock, Poller, Submitter, with_vm_n
 from scheduled_events_exporter.records import TransitionRecord, body, for_log
 from scheduled_events_exporter.sinks import Sink, create_sinks
 from scheduled_events_exporter.spool import waiting_elsewhere
-from scheduled_events_exporter.state import PersistedState, StateStore
+from scheduled_events_exporter.state import PersistedState, StateCommitter, StateStore
 from scheduled_events_exporter.telemetry import Telemetry, build_resource, severity
-from scheduled_events_exporter.tracker import TrackerState
 from scheduled_events_exporter.write_faults import WriteFault
 
 if TYPE_CHECKING:
@@ -98,60 +97,6 @@ class LoggingSink:
             # copy, not the sinks'), which is named in the line so a reader of stderr sees it.
             log.info("%s [%s]: %s", record.event_name, severity(record)[1],
                      for_log(body(record)))
-
-
-class StateCommitter:
-    """Saves the state file when the tracker state changed, and at least every minute.
-
-    A failed save (disk full, read-only volume) is logged once per streak by the store and
-    retried at every poll; the records of failed saves ride along in the next save's outbox,
-    so once the disk is writable again a crash still cannot lose them.
-    """
-
-    HEARTBEAT = 60.0
-
-    def __init__(
-        self,
-        store: StateStore,
-        count_failure: Callable[[str, str, int], None],
-        approvals: Callable[[], Iterable[str]] = tuple,
-    ) -> None:
-        self._store = store
-        self._approvals = approvals
-        self._count_failure = count_failure
-        self._last_save = -float("inf")
-        self._unsaved: tuple[TransitionRecord, ...] = ()
-        self._lock = threading.Lock()
-
-    def commit(
-        self,
-        state: TrackerState,
-        records: tuple[TransitionRecord, ...],
-        seq: int,
-        *,
-        changed: bool,
-    ) -> None:
-        """Write the state file (with ``records`` as its outbox) when it is due."""
-        now = time.monotonic()
-        with self._lock:
-            if not changed and not self._unsaved and now - self._last_save < self.HEARTBEAT:
-                return
-            outbox = (*self._unsaved, *records)
-            try:
-                self._store.save(
-                    PersistedState(
-                        tracker=state,
-                        seq=seq,
-                        outbox=outbox,
-                        approvals=tuple(sorted(self._approvals())),
-                    )
-                )
-            except OSError:  # logged once per streak by the store
-                self._unsaved = outbox
-                self._count_failure("state", "state", 1)
-                return
-            self._unsaved = ()
-            self._last_save = now
 
 
 def replay_clock(start: datetime | None) -> Clock | None:

@@ -20,8 +20,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduled_events_exporter.platforms.files import FILES
-from scheduled_events_exporter.state import append_durably, write_all
+from scheduled_events_exporter.platforms.files import FILES, append_durably, write_all
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 FILE_NAME = "dead-letter.jsonl"

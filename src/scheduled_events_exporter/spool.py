@@ -17,9 +17,8 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, encode_record
-from scheduled_events_exporter.platforms.files import FILES
+from scheduled_events_exporter.platforms.files import FILES, append_durably, write_atomically
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.state import append_durably, write_atomically
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 log = logging.getLogger(__name__)

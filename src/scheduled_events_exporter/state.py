@@ -9,18 +9,16 @@ forgets a transition.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import logging
-import os
-import secrets
+import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, decode_state, encode_record, encode_state
-from scheduled_events_exporter.platforms.files import FILES
+from scheduled_events_exporter.platforms.files import FILES, write_atomically
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.tracker import TrackerState
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
@@ -41,60 +39,6 @@ class PersistedState:
     seq: int = 0
     outbox: tuple[TransitionRecord, ...] = ()
     approvals: tuple[str, ...] = ()
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """``os.write`` until every byte is written: a nearly full disk first writes *part* of a
-    buffer and only fails on the next call, so a single unchecked write can leave a torn file."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[written:]
-
-
-def append_durably(path: Path, data: bytes) -> None:
-    """Append ``data`` and fsync. On failure (a full or read-only disk) the file is cut back to
-    its previous size, so a later append never lands after a torn line; ``OSError`` is raised."""
-    # Never through a link planted in the state directory (platforms.files).
-    fd = FILES.open_append(path)
-    try:
-        size = os.fstat(fd).st_size
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        except OSError:
-            with contextlib.suppress(OSError):  # best effort; readers skip a torn line
-                os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """temp file + fsync + rename + directory fsync: readers see the old or the new file whole.
-
-    On any failure (a full or read-only disk) the temp file is removed and ``path`` is left
-    exactly as it was; the ``OSError`` is raised to the caller.
-    """
-    # An unpredictable name created exclusively, never through a symlink: nobody can make us
-    # write elsewhere by planting a link under the name we are about to use. The rename then
-    # replaces ``path`` itself, a link there included, never its target.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    try:
-        fd = FILES.open_new(tmp)
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        FILES.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # gone already, or the directory is read-only
-            os.unlink(tmp)
-        raise
-    FILES.sync_dir(path.parent)
 
 
 class StateStore:
@@ -169,3 +113,57 @@ class StateStore:
         }
         with self.watch.guard():
             write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
+
+
+class StateCommitter:
+    """Saves the state file when the tracker state changed, and at least every minute.
+
+    A failed save (disk full, read-only volume) is logged once per streak by the store and
+    retried at every poll; the records of failed saves ride along in the next save's outbox,
+    so once the disk is writable again a crash still cannot lose them.
+    """
+
+    HEARTBEAT = 60.0
+
+    def __init__(
+        self,
+        store: StateStore,
+        count_failure: Callable[[str, str, int], None],
+        approvals: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
+        self._store = store
+        self._approvals = approvals
+        self._count_failure = count_failure
+        self._last_save = -float("inf")
+        self._unsaved: tuple[TransitionRecord, ...] = ()
+        self._lock = threading.Lock()
+
+    def commit(
+        self,
+        state: TrackerState,
+        records: tuple[TransitionRecord, ...],
+        seq: int,
+        *,
+        changed: bool,
+    ) -> None:
+        """Write the state file (with ``records`` as its outbox) when it is due."""
+        now = time.monotonic()
+        with self._lock:
+            if not changed and not self._unsaved and now - self._last_save < self.HEARTBEAT:
+                return
+            outbox = (*self._unsaved, *records)
+            try:
+                self._store.save(
+                    PersistedState(
+                        tracker=state,
+                        seq=seq,
+                        outbox=outbox,
+                        approvals=tuple(sorted(self._approvals())),
+                    )
+                )
+            except OSError:  # logged once per streak by the store
+                self._unsaved = outbox
+                self._count_failure("state", "state", 1)
+                return
+            self._unsaved = ()
+            self._last_save = now

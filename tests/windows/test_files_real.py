@@ -19,8 +19,12 @@ import threading
 from pathlib import Path
 
 from scheduled_events_exporter.config import ConfigError, load_config
-from scheduled_events_exporter.platforms.files import FILES, WindowsFiles
-from scheduled_events_exporter.state import append_durably, write_atomically
+from scheduled_events_exporter.platforms.files import (
+    FILES,
+    WindowsFiles,
+    append_durably,
+    write_atomically,
+)
 from tests.windows import win
 
 #: SYSTEM, Administrators, the owner (OWNER RIGHTS): files.PRIVATE_DIR_SDDL's trustees.
