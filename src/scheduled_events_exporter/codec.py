@@ -1,210 +1,150 @@
-"""Domain values ↔ JSON-ready objects, for the state file and the spool.
+"""Domain values ↔ JSON-ready objects, for the state file and the spool, derived from the
+frozen dataclasses themselves.
 
-Decoding is strict: a value that does not have the expected shape raises ``ValueError`` naming
-the field, so a damaged file is detected (and set aside) instead of half-loaded.
+Every field of a dataclass is written under its own name, and read back by the type its
+annotation declares: ``str``, ``int`` (never a bool), ``float``, ``bool``, ``datetime`` (ISO
+8601 with an offset), an ``Enum`` (its value), ``X | None``, ``tuple[X, ...]``,
+``Mapping[str, X]`` (a list of ``[key, value]`` pairs, so the order survives), a union of
+JSON types, and nested dataclasses. Decoding is strict on every field: a missing field, an
+unknown one or a value of another type raises ``ValueError`` naming where it is, so a damaged
+file is detected (and set aside) instead of half-loaded. A new field is one line in its
+dataclass, nothing here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
+import types
+import typing
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from scheduled_events_exporter.model import (
-    FieldChange,
-    InstanceInfo,
-    ScheduledEvent,
-    Transition,
-    TransitionKind,
-)
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.tracker import KnownEvent, TrackerState
+from scheduled_events_exporter.tracker import TrackerState
 
+T = TypeVar("T")
 Json = dict[str, Any]
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
-def _parse_time(value: object, name: str) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{name}: expected an ISO time string, got {type(value).__name__}")
-    moment = datetime.fromisoformat(value)
-    if moment.tzinfo is None:
-        raise ValueError(f"{name}: expected a time with a UTC offset, got {value!r}")
-    return moment
-
-
-def _req_time(value: object, name: str) -> datetime:
-    moment = _parse_time(value, name)
-    if moment is None:
-        raise ValueError(f"{name}: missing")
-    return moment
-
-
-def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    value = data.get(key)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise ValueError(f"{where}.{key}: expected {kind}, got {type(value).__name__}")
+def encode(value: Any) -> Any:
+    """``value`` as JSON-ready data (dataclasses as objects of their fields)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return [[key, encode(item)] for key, item in value.items()]
+    if isinstance(value, (tuple, list)):
+        return [encode(item) for item in value]
     return value
 
 
-def encode_event(event: ScheduledEvent) -> Json:
-    """A :class:`ScheduledEvent` as a JSON object."""
-    return {
-        "id": event.event_id,
-        "status": event.status,
-        "type": event.event_type,
-        "resource_type": event.resource_type,
-        "resources": list(event.resources),
-        "not_before": _time(event.not_before),
-        "not_before_raw": event.not_before_raw,
-        "description": event.description,
-        "source": event.source,
-        "duration": event.duration,
-    }
+def decode(kind: type[T], data: object, where: str = "") -> T:
+    """Read ``data`` back as ``kind`` (a dataclass); ``ValueError`` naming the field when it
+    does not have the declared shape."""
+    return typing.cast(T, _decode(kind, data, where or kind.__name__))
 
 
-def decode_event(data: Mapping[str, Any]) -> ScheduledEvent:
-    """Inverse of :func:`encode_event`."""
-    resources = _get(data, "resources", list, "event")
-    if not all(isinstance(r, str) for r in resources):
-        raise ValueError("event.resources: expected strings")
-    return ScheduledEvent(
-        event_id=_get(data, "id", str, "event"),
-        status=_get(data, "status", str, "event"),
-        event_type=_get(data, "type", str, "event"),
-        resource_type=_get(data, "resource_type", str, "event"),
-        resources=tuple(resources),
-        not_before=_parse_time(data.get("not_before"), "event.not_before"),
-        not_before_raw=_get(data, "not_before_raw", str, "event"),
-        description=_get(data, "description", str, "event"),
-        source=_get(data, "source", str, "event"),
-        duration=_get(data, "duration", int, "event"),
-    )
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind)
+
+
+def _decode(hint: Any, data: object, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _decode_union(args, data, where)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(hint)]
+        missing = [n for n in names if n not in data]
+        unknown = sorted(set(data) - set(names))
+        if missing or unknown:
+            raise ValueError(f"{where}: expected the fields {names}, missing {missing}, "
+                             f"unknown {unknown}")
+        hints = _hints(hint)
+        return hint(**{n: _decode(hints[n], data[n], f"{where}.{n}") for n in names})
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_decode(args[0], item, f"{where}[{i}]")
+                     for i, item in enumerate(_expect(list, data, where)))
+    if origin is list:
+        return [_decode(args[0], item, f"{where}[{i}]")
+                for i, item in enumerate(_expect(list, data, where))]
+    if origin in (Mapping, dict, typing.Mapping):
+        pairs = _expect(list, data, where)
+        out = {}
+        for i, pair in enumerate(pairs):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError(f"{where}[{i}]: expected a [key, value] pair")
+            out[_decode(args[0], pair[0], f"{where}[{i}]")] = _decode(args[1], pair[1],
+                                                                      f"{where}[{i}]")
+        return out
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(data)
+        except ValueError:
+            raise ValueError(f"{where}: expected one of {[m.value for m in hint]}, "
+                             f"got {data!r}") from None
+    if hint is datetime:
+        text = _expect(str, data, where)
+        moment = datetime.fromisoformat(text)
+        if moment.tzinfo is None:
+            raise ValueError(f"{where}: expected a time with a UTC offset, got {text!r}")
+        return moment
+    if hint is float:
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            return float(data)
+        raise ValueError(f"{where}: expected a number, got {type(data).__name__}")
+    if hint in (str, int, bool):
+        return _expect(hint, data, where)
+    raise TypeError(f"{where}: no JSON form for {hint!r}")  # a new field type: a bug here
+
+
+def _decode_union(args: tuple[Any, ...], data: object, where: str) -> Any:
+    if data is None and type(None) in args:
+        return None
+    alternatives = [a for a in args if a is not type(None)]
+    if len(alternatives) == 1:  # X | None: X's own error says what is wrong inside it
+        return _decode(alternatives[0], data, where)
+    for alternative in alternatives:
+        try:
+            return _decode(alternative, data, where)
+        except ValueError:
+            continue
+    shown = " | ".join(getattr(a, "__name__", str(a)) for a in args)
+    raise ValueError(f"{where}: expected {shown}, got {type(data).__name__}")
+
+
+def _expect(kind: type[T], data: object, where: str) -> T:
+    # bool is an int in Python, never in these files.
+    if not isinstance(data, kind) or (kind is int and isinstance(data, bool)):
+        raise ValueError(f"{where}: expected {kind.__name__}, got {type(data).__name__}")
+    return data
 
 
 def encode_state(state: TrackerState) -> Json:
     """A :class:`TrackerState` as a JSON object (events in first-seen order)."""
-    return {
-        "incarnation": state.incarnation,
-        "last_good": _time(state.last_good),
-        "boot_id": state.boot_id,
-        "events": [
-            {
-                "event": encode_event(k.event),
-                "first_seen": _time(k.first_seen),
-                "status_since": _time(k.status_since),
-                **({"unannounced": True} if k.unannounced else {}),
-            }
-            for k in state.events.values()
-        ],
-    }
+    encoded: Json = encode(state)
+    return encoded
 
 
-def decode_state(data: Mapping[str, Any]) -> TrackerState:
+def decode_state(data: object) -> TrackerState:
     """Inverse of :func:`encode_state`."""
-    incarnation = data.get("incarnation")
-    if incarnation is not None and (
-        not isinstance(incarnation, int) or isinstance(incarnation, bool)
-    ):
-        raise ValueError("state.incarnation: expected an integer")
-    events: dict[str, KnownEvent] = {}
-    for item in _get(data, "events", list, "state"):
-        if not isinstance(item, dict):
-            raise ValueError("state.events: expected objects")
-        event = decode_event(_get(item, "event", dict, "state.events[]"))
-        events[event.event_id] = KnownEvent(
-            event,
-            first_seen=_req_time(item.get("first_seen"), "first_seen"),
-            status_since=_req_time(item.get("status_since"), "status_since"),
-            unannounced=item.get("unannounced") is True,
-        )
-    return TrackerState(
-        events=events,
-        incarnation=incarnation,
-        last_good=_parse_time(data.get("last_good"), "state.last_good"),
-        boot_id=_optional_str(data.get("boot_id"), "state.boot_id"),
-    )
-
-
-def _optional_str(value: object, name: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise ValueError(f"{name}: expected a string or null, got {type(value).__name__}")
+    return decode(TrackerState, data, "state")
 
 
 def encode_record(record: TransitionRecord) -> Json:
     """A :class:`TransitionRecord` as a JSON object (lossless)."""
-    t = record.transition
-    return {
-        "kind": t.kind.value,
-        "at": _time(t.at),
-        "incarnation": t.incarnation,
-        "event": encode_event(t.event) if t.event else None,
-        "previous_status": t.previous_status,
-        "notice": t.notice,
-        "unannounced": t.unannounced,
-        "observed_start": t.observed_start,
-        "elapsed": t.elapsed,
-        "changes": [[c.name, c.old, c.new] for c in t.changes],
-        "observation_gap": t.observation_gap,
-        "previous_incarnation": t.previous_incarnation,
-        "outcome_basis": t.outcome_basis,
-        "approval_status": t.approval_status,
-        "approval_reason": t.approval_reason,
-        "approval_detail": t.approval_detail,
-        "instance": {
-            "vm_name": record.instance.vm_name,
-            "vm_id": record.instance.vm_id,
-            "resource_id": record.instance.resource_id,
-            "subscription_id": record.instance.subscription_id,
-            "resource_group": record.instance.resource_group,
-            "region": record.instance.region,
-            "zone": record.instance.zone,
-            "scale_set_name": record.instance.scale_set_name,
-            "vm_size": record.instance.vm_size,
-        },
-        "record_id": record.record_id,
-        "affects_self": record.affects_self,
-        "exporter_version": record.exporter_version,
-        "seq": record.seq,
-    }
+    encoded: Json = encode(record)
+    return encoded
 
 
-def decode_record(data: Mapping[str, Any]) -> TransitionRecord:
+def decode_record(data: object) -> TransitionRecord:
     """Inverse of :func:`encode_record`."""
-    event_data = data.get("event")
-    instance = _get(data, "instance", dict, "record")
-    changes = tuple(FieldChange(str(n), o, v) for n, o, v in _get(data, "changes", list, "record"))
-    transition = Transition(
-        kind=TransitionKind(_get(data, "kind", str, "record")),
-        at=_req_time(data.get("at"), "record.at"),
-        incarnation=_get(data, "incarnation", int, "record"),
-        event=decode_event(event_data) if isinstance(event_data, dict) else None,
-        previous_status=data.get("previous_status"),
-        notice=data.get("notice"),
-        unannounced=data.get("unannounced"),
-        observed_start=data.get("observed_start"),
-        elapsed=data.get("elapsed"),
-        changes=changes,
-        observation_gap=data.get("observation_gap"),
-        previous_incarnation=data.get("previous_incarnation"),
-        outcome_basis=data.get("outcome_basis"),
-        approval_status=data.get("approval_status"),
-        approval_reason=data.get("approval_reason"),
-        approval_detail=data.get("approval_detail"),
-    )
-    return TransitionRecord(
-        transition=transition,
-        instance=InstanceInfo(
-            **{k: str(v) for k, v in instance.items() if k in InstanceInfo.__dataclass_fields__}
-        ),
-        record_id=_get(data, "record_id", str, "record"),
-        affects_self=bool(data.get("affects_self")),
-        exporter_version=str(data.get("exporter_version", "")),
-        seq=int(data.get("seq") or 0),
-    )
+    return decode(TransitionRecord, data, "record")

@@ -1,0 +1,140 @@
+"""The state file's and the spool's JSON form (codec.py), derived from the dataclasses: every
+value survives the round trip, and every field is read strictly (a missing, unknown or
+mistyped field names itself)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduled_events_exporter.codec import (
+    decode,
+    decode_record,
+    decode_state,
+    encode_record,
+    encode_state,
+)
+from scheduled_events_exporter.model import (
+    FieldChange,
+    InstanceInfo,
+    ScheduledEvent,
+    Transition,
+    TransitionKind,
+)
+from scheduled_events_exporter.records import TransitionRecord
+from scheduled_events_exporter.tracker import KnownEvent, TrackerState
+
+text = st.text(max_size=12)
+moments = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
+                       timezones=st.just(timezone.utc))
+events = st.builds(
+    ScheduledEvent, event_id=text, status=text, event_type=text, resource_type=text,
+    resources=st.tuples(text) | st.tuples(text, text) | st.just(()),
+    not_before=st.none() | moments, not_before_raw=text, description=text, source=text,
+    duration=st.integers(-1, 10**6))
+json_values = st.none() | text | st.integers(-10**9, 10**9) | st.lists(text, max_size=3)
+transitions = st.builds(
+    Transition, kind=st.sampled_from(TransitionKind), at=moments,
+    incarnation=st.integers(0, 10**6), event=st.none() | events,
+    previous_status=st.none() | text, notice=st.none() | st.floats(-1e6, 1e6),
+    unannounced=st.none() | st.booleans(), observed_start=st.none() | st.booleans(),
+    elapsed=st.none() | st.floats(0, 1e6),
+    changes=st.lists(st.builds(FieldChange, name=text, old=json_values, new=json_values),
+                     max_size=3).map(tuple),
+    observation_gap=st.none() | st.floats(0, 1e6), previous_incarnation=st.none() |
+    st.integers(0, 10**6), outcome_basis=st.none() | text,
+    approval_status=st.none() | st.integers(100, 599), approval_reason=st.none() | text,
+    approval_detail=st.none() | text)
+records = st.builds(TransitionRecord, transition=transitions,
+                    instance=st.builds(InstanceInfo, vm_name=text, vm_id=text, region=text),
+                    record_id=text, affects_self=st.booleans(), exporter_version=text,
+                    seq=st.integers(0, 10**9))
+states = st.builds(
+    TrackerState,
+    events=st.lists(st.builds(KnownEvent, event=events, first_seen=moments,
+                              status_since=moments, unannounced=st.booleans()), max_size=4)
+    .map(lambda known: {k.event.event_id: k for k in known}),
+    incarnation=st.none() | st.integers(0, 10**6), last_good=st.none() | moments,
+    interrupted=st.booleans(), boot_id=st.none() | text)
+
+
+@given(records)
+def test_every_record_survives_the_round_trip_through_json(record: TransitionRecord) -> None:
+    assert decode_record(json.loads(json.dumps(encode_record(record)))) == record
+
+
+@given(states)
+def test_every_state_survives_the_round_trip_in_first_seen_order(state: TrackerState) -> None:
+    back = decode_state(json.loads(json.dumps(encode_state(state))))
+    assert back == state and list(back.events) == list(state.events)
+
+
+AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
+RECORD = TransitionRecord(
+    Transition(TransitionKind.UPDATED, AT, 3, ScheduledEvent("E1", "Scheduled", "Freeze",
+                                                             resources=("vm",)),
+               elapsed=2.0, changes=(FieldChange("NotBefore", "a", "b"),)),
+    InstanceInfo(vm_name="vm"), "rid", True, "0.1.0", 7)
+
+
+def broken(path: list[Any], value: Any = dataclasses.MISSING) -> dict[str, Any]:
+    """The encoded RECORD with the field at ``path`` set to ``value`` (or removed)."""
+    data = copy.deepcopy(encode_record(RECORD))
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is dataclasses.MISSING:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(("path", "value", "says"), [
+    (["seq"], dataclasses.MISSING, "record: expected the fields"),
+    (["seq"], True, "record.seq: expected int, got bool"),
+    (["seq"], "7", "record.seq: expected int, got str"),
+    (["affects_self"], 1, "record.affects_self: expected bool"),
+    (["record_id"], None, "record.record_id: expected str"),
+    (["transition", "kind"], "finished", "record.transition.kind: expected one of"),
+    (["transition", "at"], "2026-01-01T00:00:00", "record.transition.at: expected a time "
+     "with a UTC offset"),
+    (["transition", "elapsed"], "2", "record.transition.elapsed: expected a number, got str"),
+    (["transition", "incarnation"], 3.5, "record.transition.incarnation: expected int"),
+    (["transition", "event", "resources"], "vm", "record.transition.event.resources: "
+     "expected list"),
+    (["transition", "event", "resources"], [1], "record.transition.event.resources[0]: "
+     "expected str"),
+    (["transition", "event", "duration"], None, "record.transition.event.duration"),
+    (["transition", "changes"], [{"name": "x", "old": {}, "new": 1}],
+     "record.transition.changes[0].old"),
+    (["instance", "vm_name"], 5, "record.instance.vm_name: expected str"),
+], ids=lambda v: ".".join(map(str, v)) if isinstance(v, list) and all(
+    isinstance(x, str) for x in v) else None)
+def test_every_field_is_read_strictly(path: list[str], value: Any, says: str) -> None:
+    with pytest.raises(ValueError, match=says.replace("|", r"\|").replace("[", r"\[")):
+        decode_record(broken(path, value))
+
+
+def test_an_unknown_field_is_refused_too() -> None:
+    data = encode_record(RECORD)
+    data["transition"]["surprise"] = 1
+    with pytest.raises(ValueError, match=r"record.transition: .*unknown \['surprise'\]"):
+        decode_record(data)
+
+
+def test_a_mapping_keeps_its_order_and_refuses_what_is_not_pairs() -> None:
+    known = {i: KnownEvent(ScheduledEvent(i, "Scheduled"), AT, AT + timedelta(seconds=1))
+             for i in ("B", "A", "C")}
+    encoded = encode_state(TrackerState(events=known, incarnation=4))
+    assert [pair[0] for pair in encoded["events"]] == ["B", "A", "C"]
+    encoded["events"][1] = ["A"]
+    with pytest.raises(ValueError, match=r"state.events\[1\]: expected a \[key, value\] pair"):
+        decode(TrackerState, encoded, "state")
