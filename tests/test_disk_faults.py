@@ -95,7 +95,7 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
                        .read_text() == "1" and (spool / "otlp.log").stat().st_size == 0, 10,
                        "the spool acknowledged")
             before = (state / "state.json").read_bytes()
-            assert json.loads(before)["tracker"]["events"][0]["event"]["id"] == "A"
+            assert json.loads(before)["tracker"]["events"][0][1]["event"]["event_id"] == "A"
 
             # --- the disk fills up while the collector is failing ------------------------
             down["on"] = True
@@ -136,10 +136,11 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
             wait_until(lambda: readyz()["storage"]["writable"], 90,
                        "/readyz: storage writable again")
             saved = json.loads((state / "state.json").read_bytes())
-            assert [e["event"]["id"] for e in saved["tracker"]["events"]] == ["B"]
+            assert [key for key, _ in saved["tracker"]["events"]] == ["B"]
             spooled = [json.loads(line)["record"] for line in
                        (state / "spool" / "otlp.log").read_text().splitlines()]
-            assert [(r["event"]["id"], r["kind"]) for r in spooled] == [
+            assert [(r["transition"]["event"]["event_id"], r["transition"]["kind"])
+                    for r in spooled] == [
                 ("A", "started"), ("B", "scheduled"), ("A", "completed")]
             log = proc.stderr()
             assert log.count("cannot write the state file") == 1, log
