@@ -1,13 +1,13 @@
 """Prometheus scrape endpoint (``OTEL_METRICS_EXPORTER=prometheus``): the SDK's own reader.
 
-``opentelemetry-exporter-prometheus``'s :class:`PrometheusMetricReader` turns each collection
-into ``prometheus_client`` metric families (names, units, ``_total``, ``target_info``, scope
-labels); ``prometheus_client`` renders the text or OpenMetrics format. This module adds only
-what the product needs around them:
+``opentelemetry-exporter-prometheus``'s :class:`PrometheusMetricReader`, used as it is, turns
+each collection into ``prometheus_client`` metric families (names, units, ``_total``,
+``target_info``, scope labels); ``prometheus_client`` renders the text or OpenMetrics format.
+A ``prometheus_client`` collector around the reader's registry adds only what the product needs:
 
-- the per-event gauges (:meth:`Telemetry.per_event_metrics`) are appended to every collection,
-  exactly as the sinks' metric exporters do, so a series exists only while its event is pending
-  and leaves the scrape (Prometheus marks it stale) when the event ends;
+- the per-event gauges (:meth:`Telemetry.per_event_metrics`), translated by a second SDK reader
+  made for each scrape, so a series exists only while its event is pending and leaves the
+  scrape (Prometheus marks it stale) when the event ends, as on the push routes;
 - gauges of unit ``1`` get the ``_ratio`` suffix the OpenTelemetry Collector's translator gives
   them (the Python exporter does not yet), so every route renders the same names;
 - ``/metrics`` only (404 elsewhere), one scrape at a time (the reader hands each collection to
@@ -23,16 +23,21 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics.export import Gauge, MetricReader, MetricsData
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import Metric, MetricReader, NumberDataPoint
+from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.metrics_core import Metric as PrometheusMetric
+from prometheus_client.registry import Collector
 
+from scheduled_events_exporter import __version__
 from scheduled_events_exporter.serving import IDLE_TIMEOUT, ConnectionCap
-from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
+from scheduled_events_exporter.telemetry import METRICS, SCOPE_NAME, ExtraMetrics
 
 log = logging.getLogger(__name__)
 
@@ -41,40 +46,65 @@ PATH = "/metrics"
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
-def collector_compatible(data: MetricsData) -> MetricsData:
-    """``data`` with unit ``1`` gauges relabelled ``ratio``, as the Collector's translator names
-    them (``foo`` → ``foo_ratio``; OTel spec, Prometheus compatibility, metric metadata)."""
-    changed = False
-    resource_metrics = []
-    for rm in data.resource_metrics:
-        scopes = []
-        for sm in rm.scope_metrics:
-            metrics = []
-            for metric in sm.metrics:
-                if metric.unit == "1" and isinstance(metric.data, Gauge):
-                    metric = replace(metric, unit="ratio")
-                    changed = True
-                metrics.append(metric)
-            scopes.append(replace(sm, metrics=metrics))
-        resource_metrics.append(replace(rm, scope_metrics=scopes))
-    return MetricsData(resource_metrics) if changed else data
+#: The Prometheus names of the gauges of unit ``1``, which the Collector's translator suffixes
+#: ``_ratio`` (OTel specification, Prometheus compatibility, "Metric Metadata") and the Python
+#: exporter does not yet.
+RATIO_GAUGES = frozenset(
+    name.replace(".", "_") for name, kind, unit in METRICS if kind == "gauge" and unit == "1"
+)
 
 
-class ProductMetricReader(PrometheusMetricReader):
-    """The SDK's Prometheus reader, plus the per-event gauges and Collector-compatible units."""
+def with_ratio_suffix(family: PrometheusMetric) -> PrometheusMetric:
+    """``family`` named as the Collector names it (``foo`` → ``foo_ratio`` for unit-1 gauges)."""
+    if family.type != "gauge" or family.name not in RATIO_GAUGES:
+        return family
+    renamed = PrometheusMetric(family.name, family.documentation, family.type, unit="ratio")
+    renamed.samples = [s._replace(name=renamed.name) for s in family.samples]  # namedtuple API
+    return renamed
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(registry=registry)
+
+def per_event_families(metrics: Sequence[Metric]) -> list[PrometheusMetric]:
+    """The per-event gauges as Prometheus families, translated by the SDK's own reader.
+
+    A MeterProvider made for this one scrape observes them once: a series exists only while
+    its event is pending, which the long-lived provider (it remembers every attribute set an
+    asynchronous instrument ever reported) would not allow.
+    """
+    if not metrics:
+        return []
+    registry = CollectorRegistry(auto_describe=False)
+    reader = PrometheusMetricReader(disable_target_info=True, registry=registry)
+    provider = MeterProvider(metric_readers=[reader], resource=Resource.get_empty(),
+                             shutdown_on_exit=False)
+    meter = provider.get_meter(SCOPE_NAME, __version__)
+    for metric in metrics:
+        points = [Observation(p.value, p.attributes) for p in metric.data.data_points
+                  if isinstance(p, NumberDataPoint)]
+        meter.create_observable_gauge(metric.name, [_observing(points)],
+                                      unit=metric.unit or "", description=metric.description or "")
+    try:
+        return list(registry.collect())
+    finally:
+        provider.shutdown()
+
+
+def _observing(points: list[Observation]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    return lambda _: points
+
+
+class ProductCollector(Collector):
+    """What ``/metrics`` serves: the SDK reader's families (unit-1 gauges renamed) and the
+    per-event gauges of this moment."""
+
+    def __init__(self, sdk_families: Collector) -> None:
+        self._sdk = sdk_families
         self.extra: ExtraMetrics = list
 
-    def _receive_metrics(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> None:
-        # Called on the scrape thread with what the MeterProvider just collected.
-        if metrics_data is None:
-            return
-        data = collector_compatible(add_metrics(metrics_data, self.extra()))
-        super()._receive_metrics(data, timeout_millis, **kwargs)
+    def collect(self) -> Iterable[PrometheusMetric]:
+        """Called by ``prometheus_client`` for each scrape (one at a time: see ScrapeEndpoint)."""
+        for family in self._sdk.collect():
+            yield with_ratio_suffix(family)
+        yield from per_event_families(self.extra())
 
 
 class _Quiet(WSGIRequestHandler):
@@ -92,8 +122,13 @@ class ScrapeEndpoint:
     """``http://HOST:PORT/metrics``; binds at construction so a busy port fails start-up."""
 
     def __init__(self, host: str, port: int) -> None:
-        self._registry = CollectorRegistry()
-        self.reader = ProductMetricReader(self._registry)
+        # The SDK's reader renders into a registry of its own; the served one holds only the
+        # product's collector around it.
+        sdk_registry = CollectorRegistry(auto_describe=False)
+        self.reader = PrometheusMetricReader(registry=sdk_registry)
+        self._collector = ProductCollector(sdk_registry)
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self._collector)
         app = make_wsgi_app(self._registry)
         lock = threading.Lock()
 
@@ -127,7 +162,7 @@ class ScrapeEndpoint:
 
     def start(self, extra: ExtraMetrics) -> None:
         """Serve scrapes; ``extra`` adds the per-event gauges to each collection."""
-        self.reader.extra = extra
+        self._collector.extra = extra
         self._thread.start()
         log.info("serving Prometheus metrics at http://%s:%d%s",
                  self._server.server_address[0], self.port, PATH)

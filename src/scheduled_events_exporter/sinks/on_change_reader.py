@@ -1,9 +1,10 @@
 """A metric reader that exports when the metrics changed, and otherwise on a heartbeat.
 
-Most of an exporter's life is idle: the SDK's ``PeriodicExportingMetricReader`` would export
-the same "nothing happened" snapshot every interval, and would still leave a change waiting up
-to a whole interval. This reader is an SDK :class:`MetricReader` (collection, aggregation,
-temporality and the exporter interface are the SDK's) with its own thread that exports
+Most of an exporter's life is idle: the SDK's ``PeriodicExportingMetricReader`` on its own
+would export the same "nothing happened" snapshot every interval, and would still leave a
+change waiting up to a whole interval. This reader is that SDK reader with no interval of its
+own (collection, aggregation, temporality and one export at a time stay the SDK's) and a
+thread that calls its public ``collect``
 
 * soon after :meth:`OnChangeMetricReader.metrics_changed` (the poll loop calls it, without
   blocking, after a poll that produced transitions or changed the pending set), but never
@@ -12,24 +13,20 @@ temporality and the exporter interface are the SDK's) with its own thread that e
 * otherwise ``heartbeat`` seconds after the previous export, so consumers can tell a silent
   exporter from an idle one (alerts on silence must allow more than one heartbeat).
 
-Exports run on this reader's thread only, never on the caller's.
+Exports run on this reader's thread, never on the poll loop's (shutdown makes the last one).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    MetricExporter,
-    MetricReader,
-    MetricsData,
-)
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 
 log = logging.getLogger(__name__)
 
@@ -80,25 +77,27 @@ class Cadence:
         self.next_heartbeat = at + self.heartbeat
 
 
-class OnChangeMetricReader(MetricReader):
-    """Export on :meth:`metrics_changed` (rate-limited by ``min_gap``) or every ``heartbeat``."""
+class OnChangeMetricReader(PeriodicExportingMetricReader):
+    """Export on :meth:`metrics_changed` (rate-limited by ``min_gap``) or every ``heartbeat``.
+
+    The SDK's periodic reader with an infinite interval (documented: it then never collects on
+    its own) does the exporting: the temporality the exporter prefers, one export at a time.
+    This class adds the thread that decides when, through the public ``collect``.
+    """
 
     def __init__(self, exporter: MetricExporter, *, heartbeat: float, min_gap: float = MIN_GAP,
                  export_timeout: float = 30.0,
-                 preferred_temporality: dict[type, AggregationTemporality] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if heartbeat <= 0 or min_gap < 0:
             raise ValueError(f"heartbeat > 0 and min_gap >= 0 expected, got {heartbeat}, {min_gap}")
-        # The temporality is given, not read from the exporter: the SDK keeps an exporter's
-        # preference in private attributes only.
-        super().__init__(preferred_temporality=preferred_temporality)
-        self._exporter = exporter
+        super().__init__(exporter, export_interval_millis=math.inf,
+                         export_timeout_millis=export_timeout * 1000)
+        self.exporter = exporter
         self._timeout_ms = export_timeout * 1000
         self._clock = clock
         self._cond = threading.Condition()
         self._stopping = False
         self._cadence = Cadence.starting(clock(), heartbeat, min_gap)
-        self._export_lock = threading.Lock()  # the exporter is never called concurrently
         self._thread = threading.Thread(target=self._run, name="metrics-reader", daemon=True)
         self._thread.start()
 
@@ -126,19 +125,6 @@ class OnChangeMetricReader(MetricReader):
             log.warning("metric collection failed: %s", str(exc).splitlines()[0][:200]
                         if str(exc) else type(exc).__name__)
 
-    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-                         **kwargs: Any) -> None:
-        with self._export_lock:
-            try:
-                self._exporter.export(metrics_data, timeout_millis=timeout_millis)
-            except Exception as exc:  # our exporters count failures; never kill the thread
-                log.warning("metric export raised %s", type(exc).__name__)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        """Collect and export now, on the caller's thread (tests and shutdown only)."""
-        super().force_flush(timeout_millis=timeout_millis)
-        return self._exporter.force_flush(timeout_millis=timeout_millis)
-
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         """Stop the thread, make one last export (latest counters), shut the exporter down."""
         ends = time.monotonic() + timeout_millis / 1000
@@ -153,4 +139,4 @@ class OnChangeMetricReader(MetricReader):
             # Our exporters send once within the timeout they are given: the last export
             # takes what is left and no more (a stop must fit the container's).
             self._collect_now(left_ms)
-        self._exporter.shutdown(timeout_millis=max(0.0, ends - time.monotonic()) * 1000)
+        super().shutdown(timeout_millis=max(0.0, ends - time.monotonic()) * 1000)

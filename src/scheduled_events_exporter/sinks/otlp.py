@@ -137,7 +137,7 @@ class OtlpSink(WorkerSink):
             self._readers = (OnChangeMetricReader(
                 OtlpMetricExporter(config.otlp_metrics, self.name, count_failure,
                                    lambda: self._extra_metrics(), temporality),
-                heartbeat=config.metric_export_interval, preferred_temporality=temporality,
+                heartbeat=config.metric_export_interval,
             ),)
         super().__init__(config, count_failure)
 
