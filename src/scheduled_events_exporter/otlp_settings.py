@@ -34,10 +34,6 @@ COMPRESSIONS: Final = ("gzip", "none")
 TEMPORALITIES: Final = ("cumulative", "delta", "lowmemory")
 DEFAULT_TIMEOUT: Final = 10.0
 _DEFAULT_ENDPOINT = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
-#: Variables whose values are secrets.
-SECRETS: Final = frozenset(
-    f"OTEL_EXPORTER_OTLP_{s}{k}" for s in ("", "LOGS_", "METRICS_") for k in ("HEADERS",
-                                                                                 "CLIENT_KEY"))
 
 
 @dataclass(frozen=True, slots=True)
