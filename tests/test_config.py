@@ -242,6 +242,7 @@ def test_otlp_settings_reads_exactly_the_otlp_rows_the_table_does_not_parse() ->
     for signal in ("logs", "metrics"):
         otlp_settings.otlp_target(env, signal)
     otlp_settings.temporality(env)
+    otlp_settings.endpoint_warnings(env, "grpc")
     rows = {n for row in SETTINGS if row.name.startswith("OTEL_EXPORTER_OTLP_")
             for n in row.names}
     assert env.asked == rows

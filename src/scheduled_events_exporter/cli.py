@@ -179,8 +179,7 @@ def _run_help() -> str:
 
     from scheduled_events_exporter.config import SETTINGS
 
-    names = ", ".join(row.name for row in SETTINGS)
-    return _RUN_HELP.format(variables=textwrap.fill(names, 96, break_long_words=False))
+    return _RUN_HELP.format(variables=textwrap.fill(", ".join(r.name for r in SETTINGS), 96))
 
 
 _CHECK_HELP = """usage: scheduled-events-exporter check-config

@@ -623,40 +623,11 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
                     "approval setting)" for name in sorted(env)
                     if name.startswith("SEE_APPROVE_") and name not in approve
                     and env[name].strip())
-    warnings = [*api_versions.check(config.imds_api_version)[1],
-                *(_otlp_port_warnings(env, logs.protocol) if "otlp" in sinks else [])]
+    warnings = api_versions.check(config.imds_api_version)[1]
+    if "otlp" in sinks:
+        warnings.extend(otlp_settings.endpoint_warnings(env, logs.protocol))
     return replace(config, otlp_logs=logs, otlp_metrics=metrics,
                    metrics_temporality=temporality, warnings=tuple(warnings)), problems
-
-
-def _otlp_port_warnings(env: Mapping[str, str], protocol: str) -> list[str]:
-    """The conventional OTLP ports are 4317 (gRPC) and 4318 (http): the other one is a likely
-    mix-up that fails only at the first export."""
-    warnings = []
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        try:
-            parts = urlsplit(env.get(name, "").strip())
-            port = parts.port
-        except ValueError:
-            continue
-        path = parts.path.rstrip("/")
-        if protocol == "grpc" and path:
-            warnings.append(f"{name} has a path ({path!r}) that gRPC ignores: only the host and "
-                            "port are used")
-        elif name == "OTEL_EXPORTER_OTLP_ENDPOINT" and path.endswith(("/v1/logs",
-                                                                      "/v1/metrics")):
-            warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK appends "
-                            "/v1/logs and /v1/metrics to it (a signal's full URL goes in "
-                            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT / ..._METRICS_ENDPOINT)")
-        if protocol == "grpc" and port == 4318:
-            warnings.append(f"{name} uses port 4318, the OTLP/http port, with "
-                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc (gRPC listens on 4317)")
-        elif protocol != "grpc" and port == 4317:
-            warnings.append(f"{name} uses port 4317, the OTLP/gRPC port, with the "
-                            "http/protobuf protocol (http listens on 4318; or set "
-                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
-    return warnings
 
 
 def _check_eventhubs(config: Config) -> list[str]:
