@@ -536,20 +536,20 @@ def _read(row: Setting, env: Mapping[str, str], problems: list[str]) -> Any:
     if row.parse is None:
         return _UNSET
     printable = REDACTED if row.secret or is_secret_name(row.name) else _show(raw)
-    unmet = [f"expected only together with {name} ({why})"
+    wrong = [f"expected only together with {name} ({why})"
              for name, why in row.needs if not env.get(name, "").strip()][:1]
     if len(raw) > _MAX_VALUE and row.bounded:
-        unmet = [f"expected {row.expected}, got a {len(raw)}-byte value"]
-    try:
-        if not unmet:
+        wrong = [f"expected {row.expected}, got a {len(raw)}-byte value"]
+    if not wrong:
+        try:
             return row.parse(raw.strip())
-    except Refused as exc:
-        unmet = list(exc.args)
-    except Detailed as exc:
-        unmet = [f"expected {row.expected} ({exc})"]
-    except (ValueError, OverflowError):
-        unmet = [f"expected {row.expected}"]
-    problems.extend(f"{row.name}={printable}: {text}" for text in unmet)
+        except Refused as exc:
+            wrong = list(exc.args)
+        except Detailed as exc:
+            wrong = [f"expected {row.expected} ({exc})"]
+        except (ValueError, OverflowError):
+            wrong = [f"expected {row.expected}"]
+    problems.extend(f"{row.name}={printable}: {text}" for text in wrong)
     return _UNSET
 
 
