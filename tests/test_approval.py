@@ -19,8 +19,8 @@ from scheduled_events_exporter.approval import (
     decide,
     leader,
     outcome_of,
-    parse_approval_config,
 )
+from scheduled_events_exporter.config import ConfigError, load_config
 from scheduled_events_exporter.hook import event_json, hook_environment
 from scheduled_events_exporter.model import ScheduledEvent
 
@@ -60,6 +60,20 @@ def config(*rules: Rule, **kw: object) -> ApprovalConfig:
     return ApprovalConfig(rules=rules, **kw)  # type: ignore[arg-type]
 
 
+def parse_approval_config(env: dict[str, str]) -> tuple[ApprovalConfig | None, list[str]]:
+    """The approval settings as the configuration reads them (rows of its one table), alone:
+    the other settings at their defaults, no state directory."""
+    try:
+        return load_config({"SEE_STATE_DIR": "", **env}).approval, []
+    except ConfigError as exc:
+        return None, exc.problems
+
+
+def described(env: dict[str, str]) -> list[str]:
+    """What check-config prints for these settings."""
+    return load_config({"SEE_STATE_DIR": "", **env}).describe(env)
+
+
 # --- parsing -----------------------------------------------------------------------------------
 
 
@@ -93,7 +107,8 @@ def test_every_setting_spaces_and_case_tolerated() -> None:
     assert [r.text for r in cfg.rules] == ["user", "freeze<=8", "type:reboot", "all"]
     assert (cfg.multi, cfg.dry_run, cfg.hook_timeout) == ("any", True, 120.0)
     assert cfg.hook == "/usr/local/bin/drain --grace 30"
-    assert "SEE_APPROVE=user,freeze<=8,type:reboot,all" in cfg.describe()
+    assert "SEE_APPROVE=user,freeze<=8,type:reboot,all" in described({
+        "SEE_APPROVE": " User , FREEZE <= 8 , type:reboot,all "})
 
 
 @pytest.mark.timeout(10)
@@ -365,13 +380,13 @@ def test_hook_sees_the_imds_shape_and_event_variables() -> None:
 
 @pytest.mark.timeout(10)
 def test_the_exec_form_is_an_argument_vector_run_without_a_shell() -> None:
-    cfg, problems = parse_approval_config({
-        "SEE_APPROVE": "user",
-        "SEE_APPROVE_HOOK": f' [{json.dumps(sys.executable)}, "-c", "print(1)", "a b"] '})
+    env = {"SEE_APPROVE": "user",
+           "SEE_APPROVE_HOOK": f' [{json.dumps(sys.executable)}, "-c", "print(1)", "a b"] '}
+    cfg, problems = parse_approval_config(env)
     assert problems == [] and cfg is not None
     assert cfg.hook == (sys.executable, "-c", "print(1)", "a b")
     assert f"SEE_APPROVE_HOOK={json.dumps([sys.executable, '-c', 'print(1)', 'a b'])}" in \
-        cfg.describe()
+        described(env)
 
 
 EXEC_FORM = 'expected a JSON array of strings, the program first (e.g. ["/hooks/drain", ' \

@@ -289,3 +289,11 @@ def test_probe_asks_the_health_server_where_see_health_addr_puts_it(sim: Simulat
         assert proc.terminate() == 0
     disabled = run("probe", env={**env, "SEE_HEALTH_ADDR": ""}, timeout=30)
     assert disabled.returncode == 2 and "SEE_HEALTH_ADDR" in disabled.stderr
+
+
+def test_run_help_names_exactly_the_variables_of_the_table() -> None:
+    from scheduled_events_exporter.config import SETTINGS
+
+    text = run("run", "--help").stdout
+    named = set(re.findall(r"\b(?:SEE|OTEL)_[A-Z0-9_]*[A-Z0-9]\b", text))
+    assert named == {row.name for row in SETTINGS}

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from scheduled_events_exporter.config import ConfigError, load_config
+from scheduled_events_exporter import otlp_settings
+from scheduled_events_exporter.approval import ApprovalConfig
+from scheduled_events_exporter.config import (
+    SECRET_VARIABLES,
+    SETTINGS,
+    Config,
+    ConfigError,
+    load_config,
+)
+from scheduled_events_exporter.redact import is_secret_name
 
 
 def env(tmp_path: Path, **values: str) -> dict[str, str]:
@@ -177,3 +190,121 @@ def test_readiness_includes_refuses_anything_else(tmp_path: Path, value: str) ->
     (problem,) = info.value.problems
     assert problem.startswith(f"SEE_READINESS_INCLUDES={value!r}: expected a comma-separated "
                               "list of sinks, storage"), problem
+
+
+# --- the table of settings is the one source ----------------------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_variables() -> list[str]:
+    """The variables the README's "Configuration" table names, in its order."""
+    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"^\| `([A-Z0-9_]+)` \|", section, re.M)
+
+
+def test_the_readme_table_names_exactly_the_settings_in_their_order() -> None:
+    assert readme_variables() == [row.name for row in SETTINGS]
+
+
+def test_every_field_a_row_fills_exists() -> None:
+    fields = {f.name for f in dataclasses.fields(Config)}
+    approval = {f"approval.{f.name}" for f in dataclasses.fields(ApprovalConfig)}
+    # The two Prometheus rows make one field, prometheus_addr.
+    for row in SETTINGS:
+        assert not row.field or row.field in fields | approval | {
+            "prometheus_host", "prometheus_port"}, row
+    assert len({row.name for row in SETTINGS}) == len(SETTINGS)
+
+
+def test_secrets_are_the_secret_rows_and_every_secret_looking_name_is_one() -> None:
+    assert {n for row in SETTINGS if row.secret for n in row.names} == SECRET_VARIABLES
+    assert {"SEE_EVENTHUB_CONNECTION_STRING", "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY"} <= SECRET_VARIABLES
+    for row in SETTINGS:
+        assert row.secret == any(is_secret_name(n) for n in row.names), row.name
+
+
+class Recording(dict[str, str]):
+    """An environment that notes every variable asked for."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        super().__init__(values)
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.asked.add(key)
+        return super().get(key, default)
+
+
+def test_otlp_settings_reads_exactly_the_otlp_rows_the_table_does_not_parse() -> None:
+    env = Recording({})
+    for signal in ("logs", "metrics"):
+        otlp_settings.otlp_target(env, signal)
+    otlp_settings.temporality(env)
+    otlp_settings.endpoint_warnings(env, "grpc")
+    rows = {n for row in SETTINGS if row.name.startswith("OTEL_EXPORTER_OTLP_")
+            for n in row.names}
+    assert env.asked == rows
+    # ... and those rows are checked there alone (a wrong value is one line, not two).
+    assert all(row.parse is None for row in SETTINGS if row.name.startswith(
+        "OTEL_EXPORTER_OTLP_"))
+
+
+def full_environment(tmp_path: Path) -> dict[str, str]:
+    """Every variable of the table set to a valid value that makes it matter."""
+    pem = tmp_path / "x.pem"
+    pem.write_text("not checked beyond being readable")
+    return env(
+        tmp_path,
+        SEE_IMDS_ENDPOINT="http://127.0.0.1:8999", SEE_POLL_INTERVAL="2",
+        SEE_IMDS_FIRST_TIMEOUT="60", SEE_IMDS_TIMEOUT="3", SEE_IMDS_API_VERSION="2020-07-01",
+        SEE_SINKS="otlp,eventhubs,console", SEE_STALENESS_LIMIT="40",
+        SEE_READINESS_INCLUDES="sinks", SEE_HEALTH_ADDR="127.0.0.1:8081",
+        SEE_SHUTDOWN_TIMEOUT="5", SEE_SPOOL_MAX_RECORDS="100", SEE_SPOOL_MAX_BYTES="65536",
+        SEE_EVENTHUB_NAMESPACE="ns.servicebus.windows.net", SEE_EVENTHUB_NAME="hub",
+        SEE_EVENTHUB_METRICS_NAME="metrics", SEE_EVENTHUB_HEARTBEAT="600",
+        SEE_EVENTHUB_SEND_TIMEOUT="30", SEE_BOOT_ID_FILE="/nonexistent/boot_id",
+        SEE_CLOCK_START="2021-07-22T04:36:00Z", SEE_LOG_LEVEL="debug", SEE_APPROVE="user",
+        SEE_APPROVE_MULTI="any", SEE_APPROVE_DRY_RUN="true",
+        SEE_APPROVE_HOOK=json.dumps([sys.executable, "-c", "pass"]),
+        SEE_APPROVE_HOOK_TIMEOUT="30", SEE_APPROVE_HOOK_ENV="MY_TOOL_HOME",
+        OTEL_METRICS_EXPORTER="otlp,prometheus", OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+        OTEL_EXPORTER_PROMETHEUS_PORT="9465", OTEL_METRIC_EXPORT_INTERVAL="30000",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318",
+        OTEL_EXPORTER_OTLP_LOGS_ENDPOINT="http://collector:4318/v1/logs",
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer TOPSECRET",
+        OTEL_EXPORTER_OTLP_TIMEOUT="5", OTEL_EXPORTER_OTLP_COMPRESSION="gzip",
+        OTEL_EXPORTER_OTLP_CERTIFICATE=str(pem), OTEL_EXPORTER_OTLP_CLIENT_KEY=str(pem),
+        OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE=str(pem), OTEL_EXPORTER_OTLP_INSECURE="false",
+        OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="delta",
+        OTEL_SERVICE_NAME="svc", OTEL_RESOURCE_ATTRIBUTES="team=sre")
+
+
+def test_describe_lists_every_non_secret_row_in_the_table_order(tmp_path: Path) -> None:
+    values = full_environment(tmp_path)
+    assert set(values) - {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"} == {
+        row.name for row in SETTINGS} - {"SEE_EVENTHUB_CONNECTION_STRING"}
+    lines = load_config(values, create=False).describe(values)
+    named = [line.split("=", 1)[0] for line in lines]
+    # Every non-secret row, and the per-signal spelling set; the connection string is not
+    # (a namespace is the credential here).
+    expected = [n for row in SETTINGS for n in row.names if n in values or (
+        not row.secret and n == row.name)]
+    assert named == expected
+    assert "OTEL_EXPORTER_OTLP_HEADERS=<redacted>" in lines
+    assert "OTEL_EXPORTER_OTLP_CLIENT_KEY=<redacted>" in lines
+    assert "TOPSECRET" not in "\n".join(lines)
+
+
+def test_every_bounded_row_refuses_an_oversized_value_in_one_line(tmp_path: Path) -> None:
+    values = full_environment(tmp_path)
+    for row in SETTINGS:
+        if row.parse is None or not row.bounded:
+            continue
+        with pytest.raises(ConfigError) as info:
+            load_config({**values, row.name: "x" * 5000}, create=False)
+        (problem,) = info.value.problems
+        assert problem.startswith(f"{row.name}=") and "5000-byte value" in problem, problem
+        assert len(problem) < 400

@@ -1,34 +1,23 @@
 """Approval rules and decisions (docs/semantics.md#approval-opt-in), pure: no I/O, no clock, no
 threads.
 
-``SEE_APPROVE`` and friends become an :class:`ApprovalConfig` (:func:`parse_approval_config`);
-:func:`decide` says, for one event of a document, whether this VM should approve it, skip it
-(and why), or has nothing to say. The I/O side (hook, POST, its thread) is
+:func:`parse_rules` reads the rules of ``SEE_APPROVE`` (the configuration's table of settings
+reads the ``SEE_APPROVE*`` variables into an :class:`ApprovalConfig`); :func:`decide` says, for
+one event of a document, whether this VM should approve it, skip it (and why), or has nothing
+to say. The I/O side (hook, POST, its thread) is
 :mod:`scheduled_events_exporter.approver`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent
-from scheduled_events_exporter.platforms.shell import SHELL, Command
-from scheduled_events_exporter.redact import scrub
+from scheduled_events_exporter.platforms.shell import Command
 
-#: Every variable this module reads; any other ``SEE_APPROVE_*`` is a typo worth reporting.
-APPROVE_VARIABLES: Final = (
-    "SEE_APPROVE",
-    "SEE_APPROVE_MULTI",
-    "SEE_APPROVE_DRY_RUN",
-    "SEE_APPROVE_HOOK",
-    "SEE_APPROVE_HOOK_TIMEOUT",
-    "SEE_APPROVE_HOOK_ENV",
-)
 #: Outcome labels, in the order the metric documentation lists them: ``approved`` and the
 #: ``approval_skipped`` reasons of docs/semantics.md#approval-opt-in.
 OUTCOMES: Final = ("approved", "dry_run", "not_leader", "not_self", "hook_failed", "post_failed")
@@ -37,12 +26,10 @@ RuleKind = Literal["user", "freeze", "type", "all"]
 Multi = Literal["leader", "any"]
 Outcome = Literal["approved", "dry_run", "not_leader", "not_self", "hook_failed", "post_failed"]
 
-_RULES_EXPECTED: Final = "a comma-separated list of user, freeze<=N, type:<EventType>, all"
+#: What SEE_APPROVE holds.
+RULES_EXPECTED: Final = "a comma-separated list of user, freeze<=N, type:<EventType>, all"
 _FREEZE: Final = re.compile(r"freeze\s*<=\s*(\d{1,10})", re.IGNORECASE)
 _EVENT_TYPE: Final = re.compile(r"[A-Za-z][A-Za-z0-9]{0,63}")
-_TRUE: Final = frozenset({"true", "1", "yes"})
-_FALSE: Final = frozenset({"false", "0", "no"})
-_MAX_VALUE: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +79,6 @@ class ApprovalConfig:
     hook: Command = ""
     hook_timeout: float = 60.0
 
-    def describe(self) -> list[str]:
-        """Effective settings as ``VAR=value`` lines (for ``check-config``)."""
-        lines = [
-            f"SEE_APPROVE={','.join(r.text for r in self.rules)}",
-            f"SEE_APPROVE_MULTI={self.multi}",
-            f"SEE_APPROVE_DRY_RUN={'true' if self.dry_run else 'false'}",
-        ]
-        if self.hook:
-            shown = json.dumps(list(self.hook)) if isinstance(self.hook, tuple) else self.hook
-            lines.append(f"SEE_APPROVE_HOOK={scrub(shown)}")
-            lines.append(f"SEE_APPROVE_HOOK_TIMEOUT={self.hook_timeout:g}")
-        return lines
-
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -121,44 +95,26 @@ class Decision:
     detail: str = ""
 
 
-def _parse_argv(raw: str) -> tuple[tuple[str, ...], str]:
-    """The exec form: a JSON array of one or more non-empty strings (as Docker's
-    ``["executable", "param"]``), run without a shell."""
-    expected = ('expected a JSON array of strings, the program first (e.g. '
-                '["/hooks/drain", "--grace", "60"])')
-    try:
-        argv = json.loads(raw)
-    except ValueError as exc:
-        return (), f"{expected}; it is not JSON ({exc.args[0] if exc.args else exc})"
-    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
-        return (), expected
-    if not argv[0] or any("\0" in a for a in argv):
-        return (), f"{expected}, with a program name and no NUL character"
-    return tuple(argv), ""
-
-
-def _show(raw: str) -> str:
-    text = scrub(raw[:200])
-    return repr(text if len(text) <= 80 else text[:77] + "...")
-
-
-def _parse_rules(raw: str) -> tuple[tuple[Rule, ...], list[str]]:
-    value = raw.strip()
+def parse_rules(text: str) -> tuple[tuple[Rule, ...], list[str]]:
+    """The rules of a ``SEE_APPROVE`` value and, for each item that is not one, what was
+    expected instead (``freeze<=N with N ...``, with ``, got 'item'`` when the value has
+    several items)."""
+    value = text.strip()
     rules: list[Rule] = []
-    problems: list[str] = []
+    wrong: list[str] = []
 
     def problem(expected: str, item: str) -> None:
         # Name the offending item only when the value has several: 'x': expected ..., got 'x'
         # would say the same thing twice.
         got = "" if item == value else f", got {item!r}"
-        problems.append(f"SEE_APPROVE={_show(raw)}: expected {expected}{got}")
+        wrong.append(f"expected {expected}{got}")
 
     for part in value.split(","):
         item = part.strip()
         word = item.lower()
         rule: Rule | None = None
         if not item:
-            problem(f"{_RULES_EXPECTED}, without empty items", item)
+            problem(f"{RULES_EXPECTED}, without empty items", item)
         elif word in ("user", "all"):
             rule = Rule("user" if word == "user" else "all")
         elif word.startswith("freeze"):
@@ -178,102 +134,14 @@ def _parse_rules(raw: str) -> tuple[tuple[Rule, ...], list[str]]:
             else:
                 rule = Rule("type", event_type=name)
         else:
-            problem(_RULES_EXPECTED, item)
+            problem(RULES_EXPECTED, item)
         if rule is None:
             continue
         if rule in rules:
             problem("each rule once", item)
             continue
         rules.append(rule)
-    return tuple(rules), problems
-
-
-def parse_approval_config(env: Mapping[str, str]) -> tuple[ApprovalConfig | None, list[str]]:
-    """Read ``SEE_APPROVE*`` from ``env``.
-
-    Returns ``(None, [])`` when ``SEE_APPROVE`` is unset or empty (approval off), else the
-    config and no problems, or ``None`` and one line per problem in the configuration's usual
-    form ``NAME='value': expected ...``. Set ``SEE_APPROVE_*`` variables without
-    ``SEE_APPROVE``, and unknown ``SEE_APPROVE_*`` names, are problems too: a setting that
-    silently does nothing is worse than a refusal to start.
-    """
-    problems: list[str] = []
-    given = {k: v for k, v in env.items() if k.startswith("SEE_APPROVE") and v.strip()}
-    for name in sorted(given):
-        if name not in APPROVE_VARIABLES and name.startswith("SEE_APPROVE_"):
-            problems.append(
-                f"{name}={_show(given[name])}: expected one of {', '.join(APPROVE_VARIABLES)} "
-                "(unknown approval setting)"
-            )
-        elif len(given[name]) > _MAX_VALUE:
-            problems.append(
-                f"{name}={_show(given[name])}: expected at most {_MAX_VALUE} characters, "
-                f"got {len(given[name])}"
-            )
-    if problems:
-        return None, problems
-    if "SEE_APPROVE" not in given:
-        return None, [
-            f"{name}={_show(given[name])}: expected only together with SEE_APPROVE "
-            "(set SEE_APPROVE to enable approval, or unset this)"
-            for name in APPROVE_VARIABLES[1:]
-            if name in given
-        ]
-
-    rules, problems = _parse_rules(given["SEE_APPROVE"])
-
-    multi: Multi = "leader"
-    raw = given.get("SEE_APPROVE_MULTI", "")
-    if raw.strip().lower() == "any":
-        multi = "any"
-    elif raw and raw.strip().lower() != "leader":
-        problems.append(f"SEE_APPROVE_MULTI={_show(raw)}: expected leader or any")
-
-    dry_run = False
-    raw = given.get("SEE_APPROVE_DRY_RUN", "")
-    if raw.strip().lower() in _TRUE:
-        dry_run = True
-    elif raw and raw.strip().lower() not in _FALSE:
-        problems.append(
-            f"SEE_APPROVE_DRY_RUN={_show(raw)}: expected true or false (or 1/0, yes/no)"
-        )
-
-    raw_hook = given.get("SEE_APPROVE_HOOK", "").strip()
-    hook: Command = raw_hook
-    if raw_hook.startswith("["):
-        hook, problem = _parse_argv(raw_hook)
-    else:
-        problem = ""
-    if raw_hook and not problem:
-        problem = SHELL.check(hook)
-    if problem:
-        # Caught at start rather than at the first maintenance event.
-        problems.append(f"SEE_APPROVE_HOOK={_show(raw_hook)}: {problem}")
-
-    hook_timeout = 60.0
-    raw = given.get("SEE_APPROVE_HOOK_TIMEOUT", "")
-    if raw:
-        try:
-            hook_timeout = float(raw.strip())
-        except ValueError:
-            hook_timeout = math.nan
-        if not (math.isfinite(hook_timeout) and 1.0 <= hook_timeout <= 3600.0):
-            problems.append(
-                f"SEE_APPROVE_HOOK_TIMEOUT={_show(raw)}: expected seconds, a number from 1 to 3600"
-            )
-        elif not raw_hook:
-            problems.append(
-                f"SEE_APPROVE_HOOK_TIMEOUT={_show(raw)}: expected only together with "
-                "SEE_APPROVE_HOOK (there is no hook to time out)"
-            )
-    hook_env = given.get("SEE_APPROVE_HOOK_ENV", "")
-    names = [n.strip() for n in hook_env.split(",") if n.strip()]
-    if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in names):
-        problems.append(f"SEE_APPROVE_HOOK_ENV={_show(hook_env)}: expected a comma list of "
-                        "environment variable names the hook may inherit")
-    if problems:
-        return None, problems
-    return ApprovalConfig(rules, multi, dry_run, hook, hook_timeout), []
+    return tuple(rules), wrong
 
 
 def leader(resources: Iterable[str]) -> str | None:

@@ -162,20 +162,25 @@ every SEE_POLL_INTERVAL seconds) and turn every change into a log record and met
 the sinks in SEE_SINKS (otlp, eventhubs, console). Runs until SIGTERM or SIGINT, then drains the
 sinks within SEE_SHUTDOWN_TIMEOUT seconds.
 
-Reads: SEE_IMDS_ENDPOINT, SEE_POLL_INTERVAL, SEE_IMDS_FIRST_TIMEOUT, SEE_IMDS_TIMEOUT,
-SEE_IMDS_API_VERSION, SEE_SINKS, SEE_STATE_DIR, SEE_STALENESS_LIMIT, SEE_READINESS_INCLUDES,
-SEE_HEALTH_ADDR, SEE_SHUTDOWN_TIMEOUT, SEE_SPOOL_MAX_RECORDS, SEE_SPOOL_MAX_BYTES,
-SEE_EVENTHUB_*, SEE_APPROVE*, SEE_BOOT_ID_FILE, SEE_LOG_LEVEL,
-SEE_CLOCK_START (replay only) and the standard OTEL_* variables (OTEL_EXPORTER_OTLP_*,
-OTEL_METRICS_EXPORTER, OTEL_METRIC_EXPORT_INTERVAL, OTEL_EXPORTER_PROMETHEUS_*,
-OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES). The README's "Configuration" table says what each
-one means; "check-config" prints the effective values.
+Reads (the OTLP ones also per signal, with LOGS_ or METRICS_ after OTLP_, which wins):
+{variables}.
+The README's "Configuration" table says what each one means; "check-config" prints the
+effective values.
 
 Exit codes: 0 after a clean shutdown (records not delivered in time stay in the spool); 2 for a
 configuration error (one line per problem on stderr; a restart cannot fix it); 1 when the start
 failed for a reason that may pass (e.g. a port held by another process) or a shutdown was still
 stuck SEE_SHUTDOWN_TIMEOUT + 5 s after the signal.
 """
+
+
+def _run_help() -> str:
+    import textwrap
+
+    from scheduled_events_exporter.config import SETTINGS
+
+    return _RUN_HELP.format(variables=textwrap.fill(", ".join(r.name for r in SETTINGS), 96))
+
 
 _CHECK_HELP = """usage: scheduled-events-exporter check-config
 
@@ -233,10 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from scheduled_events_exporter.demo import main as demo
 
         return demo(rest)
-    helps = {"run": _RUN_HELP, "check-config": _CHECK_HELP, "version": _VERSION_HELP,
-             "probe": _PROBE_HELP, "init-state-dir": _INIT_STATE_DIR_HELP}
+    helps = {"check-config": _CHECK_HELP, "version": _VERSION_HELP, "probe": _PROBE_HELP,
+             "init-state-dir": _INIT_STATE_DIR_HELP}
     if rest in (["-h"], ["--help"]):
-        print(helps[command], end="")
+        print(helps[command] if command in helps else _run_help(), end="")
         return 0
     if command == "init-state-dir":
         return _init_state_dir(rest)

@@ -1,54 +1,47 @@
 """Configuration from environment variables only, validated once at start.
 
+:data:`SETTINGS` is the one table of the variables: each row names a variable, the field it
+fills, the parser of its text, what a valid value is (the phrase of its problem line), whether it
+is a secret, and the value ``check-config`` shows. Reading (:func:`load_config`), the description
+(:meth:`Config.describe`), ``run --help`` and the list of secrets all derive from it; what
+involves several settings follows it as a short list of explicit checks (:func:`_checks`).
+
 Every problem is reported on its own line naming the variable, the value seen and what is
 expected (:class:`ConfigError`); the CLI turns that into exit code 2. Secrets never leave this
-module unredacted: :meth:`Config.describe` is what ``check-config`` prints.
+module unredacted.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
 
 from scheduled_events_exporter import api_versions, otlp_settings
-from scheduled_events_exporter.approval import ApprovalConfig, parse_approval_config
+from scheduled_events_exporter.approval import RULES_EXPECTED, ApprovalConfig, Rule, parse_rules
 from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.platforms.files import FILES
+from scheduled_events_exporter.platforms.shell import SHELL, Command
 from scheduled_events_exporter.redact import REDACTED, is_secret_name, scrub, shown
 
-SINK_NAMES = ("otlp", "eventhubs", "console")
-#: OTEL_METRICS_EXPORTER values we implement (OTel SDK environment variable specification).
-METRICS_EXPORTER_NAMES = ("otlp", "prometheus", "none")
-#: Variables whose values are secrets (never printed, logged or put in health output).
-SECRET_VARIABLES = frozenset({"SEE_EVENTHUB_CONNECTION_STRING", *otlp_settings.SECRETS})
-_OTEL_SHOWN_PREFIXES = (
-    "OTEL_EXPORTER_OTLP_",
-    "OTEL_SERVICE_NAME",
-    "OTEL_RESOURCE_ATTRIBUTES",
-    "OTEL_METRIC_EXPORT_",
-    "OTEL_BLRP_",
-    "OTEL_METRICS_EXPORTER",
-    "OTEL_EXPORTER_PROMETHEUS_",
-)
+#: What SEE_READINESS_INCLUDES may name: the downstream checks that may also decide /readyz.
+READINESS_CHECKS = ("sinks", "storage")
+#: Longest value read; more is a mistake, and the problem line must stay one short line.
 _MAX_VALUE = 4096
-
-T = TypeVar("T")
-
 
 DEFAULT_LOGS_TARGET = OtlpTarget("logs")
 DEFAULT_METRICS_TARGET = OtlpTarget("metrics", endpoint="http://localhost:4318/v1/metrics")
-
 
 class ConfigError(Exception):
     """One or more invalid settings; ``problems`` holds one line per setting."""
@@ -60,7 +53,7 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The validated, effective configuration."""
+    """The validated, effective configuration; a field's default is its variable's default."""
 
     imds_endpoint: str = "http://169.254.169.254"
     poll_interval: float = 1.0
@@ -128,64 +121,248 @@ class Config:
         intervals)."""
         return 3 * self.poll_interval
 
-    def _boot_source(self) -> str:
-        if self.boot_id_file is not None:
-            return str(self.boot_id_file)
-        if self.boot_evidence and sys.platform == "win32":
-            return "(unset: the boot instant, from the tick count)"
-        return "disabled"
-
     def describe(self, env: Mapping[str, str]) -> list[str]:
-        """Human-readable effective configuration, secrets redacted (for ``check-config``)."""
-        health = f"{self.health_addr[0]}:{self.health_addr[1]}" if self.health_addr else "disabled"
-        lines = [
-            f"SEE_IMDS_ENDPOINT={self.imds_endpoint}",
-            f"SEE_POLL_INTERVAL={self.poll_interval:g}",
-            f"SEE_IMDS_FIRST_TIMEOUT={self.imds_first_timeout:g}",
-            f"SEE_IMDS_TIMEOUT={self.imds_timeout:g}",
-            f"SEE_IMDS_API_VERSION={self.imds_api_version}",
-            f"SEE_SINKS={','.join(self.sinks)}",
-            f"SEE_STATE_DIR={self.state_dir or 'disabled'}",
-            f"SEE_STALENESS_LIMIT={self.staleness_limit:g}",
-            "SEE_READINESS_INCLUDES="
-            f"{','.join(sorted(self.readiness_includes)) or '(none: IMDS only)'}",
-            f"SEE_HEALTH_ADDR={health}",
-            f"SEE_SHUTDOWN_TIMEOUT={self.shutdown_timeout:g}",
-            f"SEE_SPOOL_MAX_RECORDS={self.spool_max_records}",
-            f"SEE_SPOOL_MAX_BYTES={self.spool_max_bytes}",
-            f"SEE_LOG_LEVEL={self.log_level}",
-            f"SEE_BOOT_ID_FILE={self._boot_source()}",
-        ]
-        if "eventhubs" in self.sinks:
-            if self.eventhub_connection_string:
-                lines.append(f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}")
-            else:
-                lines.append(f"SEE_EVENTHUB_NAMESPACE={self.eventhub_namespace}")
-                lines.append(f"SEE_EVENTHUB_NAME={self.eventhub_name}")
-            lines.append(f"SEE_EVENTHUB_SEND_TIMEOUT={self.eventhub_send_timeout:g}")
-            lines.append("SEE_EVENTHUB_METRICS_NAME="
-                         f"{self.eventhub_metrics_name or '(the transitions hub)'}")
-            lines.append(f"SEE_EVENTHUB_HEARTBEAT={self.eventhub_heartbeat:g}")
-        lines.extend(self.approval.describe() if self.approval else ["SEE_APPROVE= (off)"])
-        # Effective values of the OTel metric exporter settings when left to their defaults.
-        defaults = {"OTEL_METRICS_EXPORTER": ",".join(self.metrics_exporters) or "none"}
-        if "prometheus" in self.metrics_exporters:
-            defaults["OTEL_EXPORTER_PROMETHEUS_HOST"] = self.prometheus_addr[0]
-            defaults["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(self.prometheus_addr[1])
-        if "otlp" in self.sinks:
-            # The SDK's own defaults, so a user sees where records go without reading its code.
-            defaults["OTEL_EXPORTER_OTLP_PROTOCOL"] = self.otlp_protocol
-            defaults["OTEL_EXPORTER_OTLP_ENDPOINT"] = (
-                "http://localhost:4317" if self.otlp_protocol == "grpc"
-                else "http://localhost:4318")
-        if "otlp" in self.metrics_exporters:
-            defaults["OTEL_METRIC_EXPORT_INTERVAL"] = f"{self.metric_export_interval * 1000:g}"
-        lines.extend(f"{k}={v} (default)" for k, v in defaults.items() if k not in env)
-        for key in sorted(env):
-            if key.startswith(_OTEL_SHOWN_PREFIXES):
-                value = REDACTED if key in SECRET_VARIABLES else shown(key, env[key])
-                lines.append(f"{key}={value}")
+        """Every setting as ``NAME=value`` lines in the order of :data:`SETTINGS`, secrets
+        redacted (for ``check-config``). A row shown as given (:attr:`Setting.as_given`) prints
+        the text of each spelling that is set, or its effective default marked ``(default)``."""
+        lines = []
+        for row in SETTINGS:
+            value = row.shown(self)
+            if not row.as_given:
+                if value is not None:
+                    lines.append(f"{row.name}={REDACTED if row.secret else value}")
+                continue
+            if value is not None and row.name not in env:
+                lines.append(f"{row.name}={value} (default)")
+            lines.extend(f"{name}={REDACTED if row.secret else shown(name, env[name])}"
+                         for name in row.names if name in env)
         return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One row of :data:`SETTINGS`: a variable and everything the exporter says about it."""
+
+    name: str
+    #: The :class:`Config` field it fills (``approval.x``: :class:`ApprovalConfig`'s), whose
+    #: default is the variable's. Empty: another reader takes it (the OpenTelemetry SDK, the
+    #: hook runner, :mod:`.otlp_settings`), which makes check-config show it as given.
+    field: str = ""
+    #: Stripped, non-blank text to value; raises ValueError (or :class:`Detailed`,
+    #: :class:`Refused`). None: checked where it is read, never twice (:mod:`.otlp_settings`).
+    parse: Callable[[str], Any] | None = None
+    #: What a valid value is: ``NAME='text': expected <this>``.
+    expected: str = ""
+    secret: bool = False
+    #: Whether check-config shows a line, and its value (default: the field's).
+    when: Callable[[Config], object] = lambda config: True
+    show: Callable[[Config], str] | None = None
+    #: Set but blank turns it off (the field becomes None) instead of meaning the default.
+    blank_disables: bool = False
+    #: The default when it depends on other variables.
+    default_from: Callable[[Mapping[str, str]], Any] | None = None
+    #: The variables it means nothing without, each with the hint of its problem line.
+    needs: tuple[tuple[str, str], ...] = ()
+    #: Also read per signal (OTEL_EXPORTER_OTLP_LOGS_..., ..._METRICS_...), which wins.
+    per_signal: bool = False
+    #: Longer than :data:`_MAX_VALUE` is a problem (False: its reader takes any length).
+    bounded: bool = True
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Its spellings: the name, then the per-signal ones."""
+        key = self.name.removeprefix("OTEL_EXPORTER_OTLP_")
+        return (self.name, *(f"OTEL_EXPORTER_OTLP_{s.upper()}_{key}"
+                             for s in otlp_settings.SIGNALS if self.per_signal))
+
+    @property
+    def as_given(self) -> bool:
+        """check-config shows the text as given: OTEL_* in the spelling the user wrote (the
+        specification defines them), and what we keep no value of."""
+        return self.name.startswith("OTEL_") or not self.field
+
+    def shown(self, config: Config) -> str | None:
+        """What check-config shows for it; for a row shown as given, its default in effect."""
+        if not self.when(config):
+            return None
+        if self.show is not None:
+            return self.show(config)
+        holder = config.approval if self.field.startswith("approval.") else config
+        if self.as_given or holder is None:
+            return None
+        value = getattr(holder, self.field.removeprefix("approval."))
+        if isinstance(value, (bool, float)):
+            return str(value).lower() if isinstance(value, bool) else f"{value:g}"
+        return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
+class Detailed(ValueError):
+    """A parse error whose message says what exactly is wrong (shown after the expectation)."""
+
+
+class Refused(ValueError):
+    """A parse error that says what was expected itself: each argument is the text of one
+    problem line after ``NAME='value': `` (several items of one value may be wrong)."""
+
+
+def _number(kind: type[float], low: float, high: float, what: str = "", note: str = ""
+            ) -> tuple[Callable[[str], float], str]:
+    """A parser of a number of ``kind`` (``float``, ``int``) from ``low`` to ``high``, and the
+    phrase that says so (``<what>a number from <low> to <high><note>``)."""
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(text)
+        return value
+
+    noun = "an integer" if kind is int else "a number"
+    return parse, f"{what}{noun} from {low} to {high}{note}"
+
+
+def _seconds(low: float, high: float, what: str = "seconds, ", note: str = ""
+             ) -> tuple[Callable[[str], float], str]:
+    return _number(float, low, high, what, note)
+
+
+_PORT = _number(int, 0, 65535, "a TCP port, ")
+
+
+def _choice(*names: str) -> Callable[[str], str]:
+    """One of ``names``, in any case; the value is its spelling there."""
+    def parse(text: str) -> str:
+        for name in names:
+            if name.lower() == text.lower():
+                return name
+        raise ValueError(text)
+
+    return parse
+
+
+def _words(allowed: tuple[str, ...], *, none: bool = False) -> Callable[[str], tuple[str, ...]]:
+    """A comma list of ``allowed`` names, lower case, each once; ``none`` alone: empty."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = [n.strip().lower() for n in text.split(",") if n.strip()]
+        if none and names == ["none"]:
+            return ()
+        if not names or len(set(names)) != len(names) or any(n not in allowed for n in names):
+            raise ValueError(text)
+        return tuple(names)
+
+    return parse
+
+
+def _matching(pattern: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not re.fullmatch(pattern, text):
+            raise ValueError(text)
+        return text
+
+    return parse
+
+
+def _port_of(parts: SplitResult) -> int | None:
+    try:
+        return parts.port
+    except ValueError:
+        raise Detailed(f"the port must be a number from 1 to 65535, got "
+                       f"{parts.netloc.rpartition(':')[2]!r}") from None
+
+
+def _endpoint(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or \
+            parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(text)
+    _port_of(parts)
+    return f"http://{parts.netloc}"
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:port``, ``:port`` for every interface); ``ValueError`` if not."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(text)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+
+
+def _host(text: str) -> str:
+    host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        return _matching(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")(host)
+
+
+def _api_version(text: str) -> str:
+    try:
+        return api_versions.check(text)[0]
+    except ValueError as exc:
+        raise Detailed(str(exc)) from None
+
+
+def _instant(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError("no time zone")
+    return moment.astimezone(timezone.utc)
+
+
+def _rules(text: str) -> tuple[Rule, ...]:
+    rules, wrong = parse_rules(text)
+    if wrong:
+        raise Refused(*wrong)
+    return rules
+
+
+_EXEC_FORM = ('expected a JSON array of strings, the program first (e.g. '
+              '["/hooks/drain", "--grace", "60"])')
+
+
+def _hook(text: str) -> Command:
+    """A command line, or the exec form: a JSON array of one or more non-empty strings (as
+    Docker's ``["executable", "param"]``), run without a shell; checked at start rather than
+    at the first maintenance event."""
+    command: Command = text
+    if text.startswith("["):
+        try:
+            argv = json.loads(text)
+        except ValueError as exc:
+            raise Refused(f"{_EXEC_FORM}; it is not JSON ({exc.args[0] if exc.args else exc})"
+                          ) from None
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            raise Refused(_EXEC_FORM)
+        if not argv[0] or any("\0" in a for a in argv):
+            raise Refused(f"{_EXEC_FORM}, with a program name and no NUL character")
+        command = tuple(argv)
+    problem = SHELL.check(command)
+    if problem:
+        raise Refused(problem)
+    return command
+
+
+_PAIRS = "key=value pairs separated by commas"
+
+
+def _pairs(text: str) -> str:
+    """``key=value,key=value`` (values percent-encoded), as the OTel SDK parses it."""
+    for item in text.split(","):
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            raise Refused(f"expected {_PAIRS}, got {_show(item)}")
+    return text
+
+
+def _implicit_sinks(env: Mapping[str, str]) -> tuple[str, ...]:
+    """docs/semantics.md#sinks: console unless something else is configured."""
+    sinks = [sink for sink, names in (
+        ("otlp", ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")),
+        ("eventhubs", ("SEE_EVENTHUB_CONNECTION_STRING", "SEE_EVENTHUB_NAMESPACE")),
+    ) if any(env.get(n, "").strip() for n in names)]
+    return tuple(sinks) or ("console",)
 
 
 def default_state_dir(env: Mapping[str, str], *, windows: bool = sys.platform == "win32"
@@ -201,231 +378,139 @@ def default_state_dir(env: Mapping[str, str], *, windows: bool = sys.platform ==
     return Path(base) / "scheduled-events-exporter"
 
 
-def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) -> Config:
-    """Read and validate the configuration; raises :class:`ConfigError` listing every problem.
-
-    ``create=False`` (``check-config``) only checks that the state directory could be created
-    and written, and leaves the file system as it was.
-    """
-    env = dict(os.environ if env is None else env)
-    problems: list[str] = []
-
-    def get(name: str, parse: Callable[[str], T], default: T, expected: str) -> T:
-        raw = env.get(name)
-        if raw is None or raw.strip() == "":
-            return default
-        printable = (REDACTED if name in SECRET_VARIABLES or is_secret_name(name)
-                     else _show(raw))
-        if len(raw) > _MAX_VALUE:
-            problems.append(f"{name}={printable}: expected {expected}, got a {len(raw)}-byte "
-                            "value")
-            return default
-        try:
-            return parse(raw.strip())
-        except Detailed as exc:
-            problems.append(f"{name}={printable}: expected {expected} ({exc})")
-            return default
-        except (ValueError, OverflowError):
-            problems.append(f"{name}={printable}: expected {expected}")
-            return default
-
-    def seconds(low: float, high: float) -> Callable[[str], float]:
-        def parse(text: str) -> float:
-            value = float(text)
-            if not math.isfinite(value) or not low <= value <= high:
-                raise ValueError(text)
-            return value
-
-        return parse
-
-    endpoint = get(
-        "SEE_IMDS_ENDPOINT",
-        _parse_endpoint,
-        "http://169.254.169.254",
-        "an http:// URL with host and optional port, no path (e.g. http://169.254.169.254)",
-    )
-    interval = get(
-        "SEE_POLL_INTERVAL",
-        seconds(0.2, 3600.0),
-        1.0,
-        "seconds between polls, a number from 0.2 to 3600 (IMDS allows 5 requests/s)",
-    )
-    first_timeout = get(
-        "SEE_IMDS_FIRST_TIMEOUT", seconds(1.0, 600.0), 130.0, "seconds, a number from 1 to 600"
-    )
-    timeout = get("SEE_IMDS_TIMEOUT", seconds(0.1, 60.0), 5.0, "seconds, a number from 0.1 to 60")
-    no_warnings: list[str] = []
-    api_version, version_warnings = get(
-        "SEE_IMDS_API_VERSION", _parse_api_version, (api_versions.DEFAULT, no_warnings),
-        f"a Scheduled Events api-version, a date from {api_versions.OLDEST} on (default "
-        f"{api_versions.DEFAULT})")
-    staleness = get(
-        "SEE_STALENESS_LIMIT", seconds(1.0, 86400.0), 30.0, "seconds, a number from 1 to 86400"
-    )
-    shutdown = get(
-        "SEE_SHUTDOWN_TIMEOUT", seconds(0.0, 600.0), 10.0, "seconds, a number from 0 to 600"
-    )
-    spool_max = get(
-        "SEE_SPOOL_MAX_RECORDS",
-        _bounded_int(1, 10_000_000),
-        10_000,
-        "an integer from 1 to 10000000",
-    )
-    spool_max_bytes = get(
-        "SEE_SPOOL_MAX_BYTES",
-        _bounded_int(65_536, 1 << 30),
-        16 * 1024 * 1024,
-        "bytes, an integer from 65536 to 1073741824",
-    )
-    readiness_includes = get(
-        "SEE_READINESS_INCLUDES", _parse_readiness_includes, frozenset[str](),
-        "a comma-separated list of sinks, storage (what else may make /readyz fail), or none")
-    health: tuple[str, int] | None = get(
-        "SEE_HEALTH_ADDR",
-        parse_addr,
-        ("0.0.0.0", 8080),
-        "HOST:PORT with a port from 0 to 65535, or empty to disable",
-    )
-    if "SEE_HEALTH_ADDR" in env and env["SEE_HEALTH_ADDR"].strip() == "":
-        health = None
-    log_level = get("SEE_LOG_LEVEL", _parse_level, "INFO", "one of debug, info, warning, error")
-
-    connection_string = env.get("SEE_EVENTHUB_CONNECTION_STRING", "").strip()
-    namespace = env.get("SEE_EVENTHUB_NAMESPACE", "").strip()
-    hub = env.get("SEE_EVENTHUB_NAME", "").strip()
-    sinks = get(
-        "SEE_SINKS",
-        _parse_sinks,
-        _implicit_sinks(env, connection_string, namespace),
-        "a comma-separated list of otlp, eventhubs, console without repeats",
-    )
-    send_timeout = get("SEE_EVENTHUB_SEND_TIMEOUT", seconds(1.0, 600.0), 60.0,
-                       "seconds, a number from 1 to 600")
-    heartbeat = get("SEE_EVENTHUB_HEARTBEAT", seconds(10.0, 86400.0), 300.0,
-                    "seconds between idle metric snapshots, a number from 10 to 86400")
-    metrics_hub = get("SEE_EVENTHUB_METRICS_NAME", _parse_hub_name, "",
-                      "an event hub name (1-256 letters, digits, '.', '-', '_'; starting and "
-                      "ending with a letter or digit)")
-    if "eventhubs" in sinks:
-        problems.extend(_check_eventhubs(connection_string, namespace, hub))
-        problems.extend(_check_eventhubs_library(sinks, need_identity=not connection_string))
-
-    otlp_logs, logs_problems = otlp_settings.otlp_target(env, "logs",
-                                                          check_files="otlp" in sinks)
-    otlp_metrics, metrics_problems = otlp_settings.otlp_target(env, "metrics",
-                                                                check_files="otlp" in sinks)
-    # A variable both signals read (the general ones) is reported once.
-    problems.extend(dict.fromkeys([*logs_problems, *metrics_problems]))
-    metrics_temporality, temporality_problems = otlp_settings.temporality(env)
-    problems.extend(temporality_problems)
-    metric_interval_ms = get(
-        "OTEL_METRIC_EXPORT_INTERVAL",
-        _bounded_int(1000, 86_400_000),
-        60_000,
-        "milliseconds, an integer from 1000 to 86400000",
-    )
-    metrics_exporters: tuple[str, ...] | None = get(
-        "OTEL_METRICS_EXPORTER",
-        _parse_metrics_exporters,
-        None,
-        "a comma-separated list of otlp, prometheus without repeats, or none",
-    )
-    if metrics_exporters and "otlp" in metrics_exporters and "otlp" not in sinks:
-        problems.append(
-            f"OTEL_METRICS_EXPORTER={_show(env.get('OTEL_METRICS_EXPORTER', ''))}: otlp metrics "
-            f"need the otlp sink, expected SEE_SINKS to include otlp "
-            f"(SEE_SINKS is {','.join(sinks)})"
-        )
-    prometheus_host = get(
-        "OTEL_EXPORTER_PROMETHEUS_HOST",
-        _parse_host,
-        "0.0.0.0",
-        "a host name or IP address to listen on (e.g. 0.0.0.0, 127.0.0.1, ::)",
-    )
-    prometheus_port = get(
-        "OTEL_EXPORTER_PROMETHEUS_PORT",
-        _bounded_int(0, 65535),
-        9464,
-        "a TCP port, an integer from 0 to 65535",
-    )
-
-    state_dir: Path | None = None
-    raw_state = env.get("SEE_STATE_DIR")
-    if raw_state is None or raw_state.strip():
-        state_dir = Path(raw_state.strip()) if raw_state else default_state_dir(env)
-        problem = _check_writable(state_dir) if create else _could_write(state_dir)
-        if problem:
-            problems.append(f"SEE_STATE_DIR={_show(str(state_dir))}: {problem}")
-
-    clock_start = get("SEE_CLOCK_START", _parse_instant, None,
-                      "an RFC 3339 time with a zone, e.g. 2021-07-22T04:36:00Z (replay only)")
-    raw_boot = env.get("SEE_BOOT_ID_FILE")
-    boot_id_file = DEFAULT_BOOT_ID_FILE if raw_boot is None else (
-        Path(raw_boot.strip()) if raw_boot.strip() else None)
-    boot_evidence = raw_boot is None or bool(raw_boot.strip())
-
-    if env.get("OTEL_EXPORTER_PROMETHEUS_PORT") is not None and \
-            not env["OTEL_EXPORTER_PROMETHEUS_PORT"].strip():
-        problems.append("OTEL_EXPORTER_PROMETHEUS_PORT='': expected a TCP port, an integer from "
-                        "0 to 65535 (unset it for the default 9464)")
-    if (metrics_exporters is not None and "prometheus" in metrics_exporters and health
-            and health[1] != 0 and health[1] == prometheus_port):
-        problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT={prometheus_port}: expected a port other "
-                        f"than SEE_HEALTH_ADDR's ({health[0]}:{health[1]}); both servers cannot "
-                        "listen on one port")
-    problems.extend(_check_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")))
-    warnings = [*version_warnings,
-                *(_otlp_port_warnings(env, otlp_logs.protocol) if "otlp" in sinks else [])]
-
-    approval, approval_problems = parse_approval_config(env)
-    problems.extend(approval_problems)
-    if problems:
-        raise ConfigError(problems)
-    return Config(
-        imds_endpoint=endpoint,
-        poll_interval=interval,
-        imds_first_timeout=first_timeout,
-        imds_timeout=timeout,
-        imds_api_version=api_version,
-        sinks=sinks,
-        state_dir=state_dir,
-        staleness_limit=staleness,
-        readiness_includes=readiness_includes,
-        health_addr=health,
-        shutdown_timeout=shutdown,
-        spool_max_records=spool_max,
-        spool_max_bytes=spool_max_bytes,
-        eventhub_connection_string=connection_string,
-        eventhub_namespace=namespace,
-        eventhub_name=hub,
-        eventhub_send_timeout=send_timeout,
-        eventhub_metrics_name=metrics_hub,
-        eventhub_heartbeat=heartbeat,
-        otlp_logs=otlp_logs,
-        otlp_metrics=otlp_metrics,
-        metrics_temporality=metrics_temporality,
-        metric_export_interval=metric_interval_ms / 1000.0,
-        log_level=log_level,
-        approval=approval,
-        metrics_exporters_set=metrics_exporters,
-        prometheus_addr=(prometheus_host, prometheus_port),
-        boot_id_file=boot_id_file,
-        boot_evidence=boot_evidence,
-        clock_start=clock_start,
-        warnings=tuple(warnings),
-    )
+def _boot_source(config: Config) -> str:
+    if config.boot_id_file is not None:
+        return str(config.boot_id_file)
+    if config.boot_evidence and sys.platform == "win32":
+        return "(unset: the boot instant, from the tick count)"
+    return "disabled"
 
 
-class Detailed(ValueError):
-    """A parse error whose message says what exactly is wrong (shown after the expectation)."""
+def _hook_text(config: Config) -> str:
+    hook = config.approval.hook if config.approval else ""
+    return scrub(json.dumps(list(hook)) if isinstance(hook, tuple) else hook)
 
 
-def _port_of(parts: SplitResult) -> int | None:
-    try:
-        return parts.port
-    except ValueError:
-        raise Detailed(f"the port must be a number from 1 to 65535, got "
-                       f"{parts.netloc.rpartition(':')[2]!r}") from None
+def _eventhubs(config: Config) -> bool:
+    return "eventhubs" in config.sinks
+
+
+def _hook_set(config: Config) -> bool:
+    return bool(config.approval and config.approval.hook)
+
+
+_CONNECTION_STRING = ("'Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...;"
+                      "EntityPath=...'")
+_NAMESPACE = "the fully qualified namespace, e.g. mynamespace.servicebus.windows.net"
+_APPROVAL_ON = ("SEE_APPROVE", "set SEE_APPROVE to enable approval, or unset this")
+_OTLP = "OTEL_EXPORTER_OTLP_"
+_NAME = r"\s*(?:[A-Za-z_][A-Za-z0-9_]*)?\s*"  # of an environment variable, or nothing
+
+#: Every variable the exporter reads, in the README's order ("Configuration").
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting("SEE_IMDS_ENDPOINT", "imds_endpoint", _endpoint,
+            "an http:// URL with host and optional port, no path (e.g. http://169.254.169.254)"),
+    Setting("SEE_POLL_INTERVAL", "poll_interval",
+            *_seconds(0.2, 3600, "seconds between polls, ", " (IMDS allows 5 requests/s)")),
+    Setting("SEE_IMDS_FIRST_TIMEOUT", "imds_first_timeout", *_seconds(1, 600)),
+    Setting("SEE_IMDS_TIMEOUT", "imds_timeout", *_seconds(0.1, 60)),
+    Setting("SEE_IMDS_API_VERSION", "imds_api_version", _api_version, "a Scheduled Events "
+            f"api-version, a date from {api_versions.OLDEST} on (default {api_versions.DEFAULT})"),
+    Setting("SEE_SINKS", "sinks", _words(("otlp", "eventhubs", "console")), "a comma-separated "
+            "list of otlp, eventhubs, console without repeats", default_from=_implicit_sinks),
+    Setting("SEE_STATE_DIR", "state_dir", Path, "a directory, or empty to disable",
+            show=lambda c: str(c.state_dir or "disabled"), blank_disables=True,
+            default_from=default_state_dir),
+    Setting("SEE_STALENESS_LIMIT", "staleness_limit", *_seconds(1, 86400)),
+    Setting("SEE_READINESS_INCLUDES", "readiness_includes",
+            lambda text: frozenset(_words(READINESS_CHECKS, none=True)(text)),
+            "a comma-separated list of sinks, storage (what else may make /readyz fail), or none",
+            show=lambda c: ",".join(sorted(c.readiness_includes)) or "(none: IMDS only)"),
+    Setting("SEE_HEALTH_ADDR", "health_addr", parse_addr,
+            "HOST:PORT with a port from 0 to 65535, or empty to disable", blank_disables=True,
+            show=lambda c: "{}:{}".format(*c.health_addr) if c.health_addr else "disabled"),
+    Setting("SEE_SHUTDOWN_TIMEOUT", "shutdown_timeout", *_seconds(0, 600)),
+    Setting("SEE_SPOOL_MAX_RECORDS", "spool_max_records", *_number(int, 1, 10_000_000)),
+    Setting("SEE_SPOOL_MAX_BYTES", "spool_max_bytes", *_number(int, 65_536, 1 << 30, "bytes, ")),
+    Setting("SEE_EVENTHUB_CONNECTION_STRING", "eventhub_connection_string", str,
+            _CONNECTION_STRING, secret=True,
+            when=lambda c: _eventhubs(c) and c.eventhub_connection_string),
+    Setting("SEE_EVENTHUB_NAMESPACE", "eventhub_namespace", str, _NAMESPACE,
+            when=lambda c: _eventhubs(c) and not c.eventhub_connection_string),
+    Setting("SEE_EVENTHUB_NAME", "eventhub_name", str, "the event hub name",
+            when=lambda c: _eventhubs(c) and not c.eventhub_connection_string),
+    Setting("SEE_EVENTHUB_METRICS_NAME", "eventhub_metrics_name",
+            _matching(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?"),  # Event Hubs' rules
+            "an event hub name (1-256 letters, digits, '.', '-', '_'; starting and ending with "
+            "a letter or digit)", when=_eventhubs,
+            show=lambda c: c.eventhub_metrics_name or "(the transitions hub)"),
+    Setting("SEE_EVENTHUB_HEARTBEAT", "eventhub_heartbeat",
+            *_seconds(10, 86400, "seconds between idle metric snapshots, "), when=_eventhubs),
+    Setting("SEE_EVENTHUB_SEND_TIMEOUT", "eventhub_send_timeout", *_seconds(1, 600),
+            when=_eventhubs),
+    Setting("SEE_BOOT_ID_FILE", "boot_id_file", Path, "a file, or empty to disable",
+            show=_boot_source, blank_disables=True),
+    Setting("SEE_CLOCK_START", "clock_start", _instant,
+            "an RFC 3339 time with a zone, e.g. 2021-07-22T04:36:00Z (replay only)",
+            when=lambda c: c.clock_start,
+            show=lambda c: c.clock_start.isoformat() if c.clock_start else ""),
+    Setting("SEE_LOG_LEVEL", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"),
+            "one of debug, info, warning, error"),
+    Setting("SEE_APPROVE", "approval.rules", _rules, RULES_EXPECTED, show=lambda c: ",".join(
+        r.text for r in c.approval.rules) if c.approval else " (off)"),
+    Setting("SEE_APPROVE_MULTI", "approval.multi", _choice("leader", "any"), "leader or any",
+            needs=(_APPROVAL_ON,)),
+    Setting("SEE_APPROVE_DRY_RUN", "approval.dry_run",
+            lambda text: _choice("true", "1", "yes", "false", "0", "no")(text)
+            in ("true", "1", "yes"), "true or false (or 1/0, yes/no)", needs=(_APPROVAL_ON,)),
+    Setting("SEE_APPROVE_HOOK", "approval.hook", _hook,
+            "a command line, or a JSON array of strings (the exec form)", when=_hook_set,
+            show=_hook_text, needs=(_APPROVAL_ON,)),
+    Setting("SEE_APPROVE_HOOK_TIMEOUT", "approval.hook_timeout", *_seconds(1, 3600),
+            when=_hook_set,
+            needs=(_APPROVAL_ON, ("SEE_APPROVE_HOOK", "there is no hook to time out"))),
+    # The hook runner reads it when it starts a hook (hook.py); checked here, at start.
+    Setting("SEE_APPROVE_HOOK_ENV", "", _matching(rf"{_NAME}(?:,{_NAME})*"),
+            "a comma list of environment variable names the hook may inherit",
+            needs=(_APPROVAL_ON,)),
+    Setting("OTEL_METRICS_EXPORTER", "metrics_exporters_set",
+            _words(("otlp", "prometheus"), none=True),
+            "a comma-separated list of otlp, prometheus without repeats, or none",
+            show=lambda c: ",".join(c.metrics_exporters) or "none"),
+    Setting("OTEL_EXPORTER_PROMETHEUS_HOST", "prometheus_host", _host,
+            "a host name or IP address to listen on (e.g. 0.0.0.0, 127.0.0.1, ::)",
+            when=lambda c: "prometheus" in c.metrics_exporters,
+            show=lambda c: c.prometheus_addr[0]),
+    Setting("OTEL_EXPORTER_PROMETHEUS_PORT", "prometheus_port", *_PORT,
+            when=lambda c: "prometheus" in c.metrics_exporters,
+            show=lambda c: str(c.prometheus_addr[1])),
+    Setting("OTEL_METRIC_EXPORT_INTERVAL", "metric_export_interval",
+            lambda text: _number(int, 1000, 86_400_000)[0](text) / 1000.0,
+            "milliseconds, an integer from 1000 to 86400000",
+            when=lambda c: "otlp" in c.metrics_exporters,
+            show=lambda c: f"{c.metric_export_interval * 1000:g}"),
+    # Read and checked per signal by otlp_settings (our own OTLP requests); the defaults shown
+    # are the specification's, so a user sees where records go.
+    Setting(f"{_OTLP}ENDPOINT", per_signal=True, when=lambda c: "otlp" in c.sinks,
+            show=lambda c: f"http://localhost:{4317 if c.otlp_protocol == 'grpc' else 4318}"),
+    Setting(f"{_OTLP}PROTOCOL", per_signal=True, when=lambda c: "otlp" in c.sinks,
+            show=lambda c: c.otlp_protocol),
+    Setting(f"{_OTLP}HEADERS", per_signal=True, secret=True),
+    Setting(f"{_OTLP}TIMEOUT", per_signal=True),
+    Setting(f"{_OTLP}COMPRESSION", per_signal=True),
+    Setting(f"{_OTLP}CERTIFICATE", per_signal=True),
+    Setting(f"{_OTLP}CLIENT_KEY", per_signal=True, secret=True),
+    Setting(f"{_OTLP}CLIENT_CERTIFICATE", per_signal=True),
+    Setting(f"{_OTLP}INSECURE", per_signal=True),
+    Setting(f"{_OTLP}METRICS_TEMPORALITY_PREFERENCE"),
+    # The SDK's resource detector reads these two. It drops a pair without '=' with a warning
+    # nobody sees (the SDK's logger is not ours): a missing attribute would only be noticed
+    # when a dashboard or an alert that groups by it misses this VM, so that much is checked.
+    Setting("OTEL_SERVICE_NAME"),
+    Setting("OTEL_RESOURCE_ATTRIBUTES", "", _pairs, _PAIRS, bounded=False),
+)
+#: Variables whose values are secrets (never printed, logged or put in health output).
+SECRET_VARIABLES = frozenset(name for row in SETTINGS if row.secret for name in row.names)
 
 
 def _show(raw: str) -> str:
@@ -434,200 +519,132 @@ def _show(raw: str) -> str:
     return repr(text)
 
 
-def _bounded_int(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if not low <= value <= high:
-            raise ValueError(text)
-        return value
-
-    return parse
+def _variable_of(problem: str) -> str:
+    """The variable a problem line names (``NAME=value: ...`` or ``NAME: ...``)."""
+    return problem.split("=", 1)[0].split(":", 1)[0]
 
 
-_HUB_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?")
+_UNSET: Final = object()
 
 
-def _parse_hub_name(text: str) -> str:
-    """Event Hubs entity naming rules (letters, digits, '.', '-', '_'; 1-256 characters)."""
-    if not _HUB_NAME.fullmatch(text):
-        raise ValueError(text)
-    return text
-
-
-def _parse_api_version(text: str) -> tuple[str, list[str]]:
-    try:
-        return api_versions.check(text)
-    except ValueError as exc:
-        raise Detailed(str(exc)) from None
-
-
-def _parse_endpoint(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
-        raise ValueError(text)
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(text)
-    _port_of(parts)
-    return f"http://{parts.netloc}"
-
-
-def _parse_url(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(text)
-    _port_of(parts)
-    return text
-
-
-def parse_addr(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:port``, ``:port`` for every interface); ``ValueError`` if not."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(text)
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _parse_instant(text: str) -> datetime:
-    moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        raise ValueError("no time zone")
-    return moment.astimezone(timezone.utc)
-
-
-def _check_resource_attributes(raw: str) -> list[str]:
-    """``key=value,key=value`` (values percent-encoded), as the OTel SDK parses it."""
-    if not raw.strip():
-        return []
-    for item in raw.split(","):
-        key, sep, _ = item.partition("=")
-        if not sep or not key.strip():
-            return [f"OTEL_RESOURCE_ATTRIBUTES={_show(raw)}: expected key=value pairs separated "
-                    f"by commas, got {_show(item)}"]
-    return []
-
-
-def _otlp_port_warnings(env: Mapping[str, str], protocol: str) -> list[str]:
-    """The conventional OTLP ports are 4317 (gRPC) and 4318 (http): the other one is a likely
-    mix-up that fails only at the first export."""
-    warnings = []
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+def _read(row: Setting, env: Mapping[str, str], problems: list[str]) -> Any:
+    """The value of ``row`` in ``env``; ``_UNSET`` when unset, blank or wrong (a wrong one adds
+    its problem lines), so the field keeps its default."""
+    raw = env.get(row.name)
+    if raw is None or not raw.strip():
+        return None if raw is not None and row.blank_disables else _UNSET
+    if row.parse is None:
+        return _UNSET
+    printable = REDACTED if row.secret or is_secret_name(row.name) else _show(raw)
+    wrong = [f"expected only together with {name} ({why})"
+             for name, why in row.needs if not env.get(name, "").strip()][:1]
+    if len(raw) > _MAX_VALUE and row.bounded:
+        wrong = [f"expected {row.expected}, got a {len(raw)}-byte value"]
+    if not wrong:
         try:
-            parts = urlsplit(env.get(name, "").strip())
-            port = parts.port
-        except ValueError:
-            continue
-        path = parts.path.rstrip("/")
-        if protocol == "grpc" and path:
-            warnings.append(f"{name} has a path ({path!r}) that gRPC ignores: only the host and "
-                            "port are used")
-        elif name == "OTEL_EXPORTER_OTLP_ENDPOINT" and path.endswith(("/v1/logs",
-                                                                      "/v1/metrics")):
-            warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK appends "
-                            "/v1/logs and /v1/metrics to it (a signal's full URL goes in "
-                            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT / ..._METRICS_ENDPOINT)")
-        if protocol == "grpc" and port == 4318:
-            warnings.append(f"{name} uses port 4318, the OTLP/http port, with "
-                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc (gRPC listens on 4317)")
-        elif protocol != "grpc" and port == 4317:
-            warnings.append(f"{name} uses port 4317, the OTLP/gRPC port, with the "
-                            "http/protobuf protocol (http listens on 4318; or set "
-                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
-    return warnings
+            return row.parse(raw.strip())
+        except Refused as exc:
+            wrong = list(exc.args)
+        except Detailed as exc:
+            wrong = [f"expected {row.expected} ({exc})"]
+        except (ValueError, OverflowError):
+            wrong = [f"expected {row.expected}"]
+    problems.extend(f"{row.name}={printable}: {text}" for text in wrong)
+    return _UNSET
 
 
-def _parse_level(text: str) -> str:
-    level = text.upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ValueError(text)
-    return level
+def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) -> Config:
+    """Read and validate the configuration; raises :class:`ConfigError` listing every problem.
+
+    ``create=False`` (``check-config``) only checks that the state directory could be created
+    and written, and leaves the file system as it was.
+    """
+    env = dict(os.environ if env is None else env)
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for row in SETTINGS:
+        value = _read(row, env, problems)
+        if value is _UNSET and row.default_from is not None:
+            value = row.default_from(env)
+        if value is not _UNSET and row.field:
+            values[row.field] = value
+    approval = {k.removeprefix("approval."): values.pop(k) for k in [*values]
+                if k.startswith("approval.")}
+    host, port = Config().prometheus_addr
+    scrape = (values.pop("prometheus_host", host), values.pop("prometheus_port", port))
+    config = Config(**values, prometheus_addr=scrape,
+                    approval=ApprovalConfig(**approval) if "rules" in approval else None,
+                    boot_evidence=env.get("SEE_BOOT_ID_FILE", "unset").strip() != "")
+    config, more_problems = _checks(config, env, create=create)
+    # A refused value is not checked again with its default in its place: one line each.
+    refused = {_variable_of(p) for p in problems}
+    problems.extend(p for p in more_problems if _variable_of(p) not in refused)
+    if problems:
+        raise ConfigError(problems)
+    return config
 
 
-def _parse_sinks(text: str) -> tuple[str, ...]:
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    if not names or len(set(names)) != len(names) or any(n not in SINK_NAMES for n in names):
-        raise ValueError(text)
-    return tuple(names)
+def _checks(config: Config, env: Mapping[str, str], *, create: bool
+            ) -> tuple[Config, list[str]]:
+    """What involves more than one setting, or the world outside: the configuration completed
+    (OTLP targets, warnings) and the problems found."""
+    problems: list[str] = []
+    sinks = config.sinks
+    if "eventhubs" in sinks:
+        problems.extend(_check_eventhubs(config))
+        problems.extend(_check_eventhubs_library(
+            sinks, need_identity=not config.eventhub_connection_string))
+    (logs, logs_problems), (metrics, metrics_problems) = (
+        otlp_settings.otlp_target(env, signal, check_files="otlp" in sinks)
+        for signal in ("logs", "metrics"))
+    # A variable both signals read (the general ones) is reported once.
+    problems.extend(dict.fromkeys([*logs_problems, *metrics_problems]))
+    temporality, temporality_problems = otlp_settings.temporality(env)
+    problems.extend(temporality_problems)
+    if "otlp" in (config.metrics_exporters_set or ()) and "otlp" not in sinks:
+        problems.append(
+            f"OTEL_METRICS_EXPORTER={_show(env['OTEL_METRICS_EXPORTER'])}: otlp metrics need the "
+            f"otlp sink, expected SEE_SINKS to include otlp (SEE_SINKS is {','.join(sinks)})")
+    if env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "unset").strip() == "":
+        problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT='': expected {_PORT[1]} (unset it for "
+                        "the default 9464)")
+    health, scrape_port = config.health_addr, config.prometheus_addr[1]
+    if "prometheus" in config.metrics_exporters and health and health[1] != 0 and \
+            health[1] == scrape_port:
+        problems.append(f"OTEL_EXPORTER_PROMETHEUS_PORT={scrape_port}: expected a port other "
+                        f"than SEE_HEALTH_ADDR's ({health[0]}:{health[1]}); both servers cannot "
+                        "listen on one port")
+    if config.state_dir is not None:
+        problem = (_check_writable if create else _could_write)(config.state_dir)
+        if problem:
+            problems.append(f"SEE_STATE_DIR={_show(str(config.state_dir))}: {problem}")
+    approve = [row.name for row in SETTINGS if row.name.startswith("SEE_APPROVE")]
+    problems.extend(f"{name}={_show(env[name])}: expected one of {', '.join(approve)} (unknown "
+                    "approval setting)" for name in sorted(env)
+                    if name.startswith("SEE_APPROVE_") and name not in approve
+                    and env[name].strip())
+    warnings = api_versions.check(config.imds_api_version)[1]
+    if "otlp" in sinks:
+        warnings.extend(otlp_settings.endpoint_warnings(env, logs.protocol))
+    return replace(config, otlp_logs=logs, otlp_metrics=metrics,
+                   metrics_temporality=temporality, warnings=tuple(warnings)), problems
 
 
-#: What SEE_READINESS_INCLUDES may name: the downstream checks that may also decide /readyz.
-READINESS_CHECKS = ("sinks", "storage")
-
-
-def _parse_readiness_includes(text: str) -> frozenset[str]:
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    if names == ["none"]:
-        return frozenset()
-    if not names or len(set(names)) != len(names) or any(
-            n not in READINESS_CHECKS for n in names):
-        raise ValueError(text)
-    return frozenset(names)
-
-
-def _parse_metrics_exporters(text: str) -> tuple[str, ...]:
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    if not names or len(set(names)) != len(names) or any(
-        n not in METRICS_EXPORTER_NAMES for n in names
-    ):
-        raise ValueError(text)
-    if "none" in names:
-        if len(names) > 1:  # "none" beside an exporter is a contradiction, not a preference
-            raise ValueError(text)
-        return ()
-    return tuple(names)
-
-
-def _parse_host(text: str) -> str:
-    host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    try:
-        ipaddress.ip_address(host)
-        return host
-    except ValueError:
-        pass
-    if not _HOST_NAME.fullmatch(host) or len(host) > 253:
-        raise ValueError(text)
-    return host
-
-
-_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
-
-
-def _implicit_sinks(
-    env: Mapping[str, str], connection_string: str, namespace: str
-) -> tuple[str, ...]:
-    """docs/semantics.md#sinks: console unless something else is configured."""
-    sinks: list[str] = []
-    if any(
-        env.get(k, "").strip()
-        for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
-    ):
-        sinks.append("otlp")
-    if connection_string or namespace:
-        sinks.append("eventhubs")
-    return tuple(sinks) or ("console",)
-
-
-def _check_eventhubs(connection_string: str, namespace: str, hub: str) -> list[str]:
-    if connection_string:
-        fields = dict(part.split("=", 1) for part in connection_string.split(";") if "=" in part)
+def _check_eventhubs(config: Config) -> list[str]:
+    """A connection string to a hub (its EntityPath or SEE_EVENTHUB_NAME), or a namespace and a
+    hub name."""
+    hub, namespace = config.eventhub_name, config.eventhub_namespace
+    if config.eventhub_connection_string:
+        fields = dict(part.split("=", 1) for part in config.eventhub_connection_string.split(";")
+                      if "=" in part)
         if not fields.get("Endpoint", "").startswith("sb://"):
-            return [
-                f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}: expected "
-                "'Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...;EntityPath=...'"
-            ]
-        if not (fields.get("EntityPath") or hub):
-            return [
-                "SEE_EVENTHUB_NAME: expected the hub name (the connection string has no EntityPath)"
-            ]
-        return []
+            return [f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}: expected {_CONNECTION_STRING}"]
+        return [] if fields.get("EntityPath") or hub else [
+            "SEE_EVENTHUB_NAME: expected the hub name (the connection string has no EntityPath)"]
     problems = []
     if not namespace or "." not in namespace or "/" in namespace:
-        problems.append(
-            f"SEE_EVENTHUB_NAMESPACE={_show(namespace)}: expected the fully "
-            "qualified namespace, e.g. mynamespace.servicebus.windows.net "
-            "(or set SEE_EVENTHUB_CONNECTION_STRING)"
-        )
+        problems.append(f"SEE_EVENTHUB_NAMESPACE={_show(namespace)}: expected {_NAMESPACE} (or "
+                        "set SEE_EVENTHUB_CONNECTION_STRING)")
     if not hub:
         problems.append("SEE_EVENTHUB_NAME='': expected the event hub name")
     return problems

@@ -16,7 +16,9 @@ read here, once, as the OpenTelemetry specification and the Python SDK read them
 * ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``: ``cumulative`` (default), ``delta`` or
   ``lowmemory``.
 
-Pure: a mapping of variables in, values or one problem line per variable out.
+Pure: a mapping of variables in, values or one problem line per variable out (and warnings
+about endpoints that look like a mix-up). :data:`.config.SETTINGS` has a row for each variable
+read here, and no parser for it: these are checked here alone.
 """
 
 from __future__ import annotations
@@ -34,10 +36,6 @@ COMPRESSIONS: Final = ("gzip", "none")
 TEMPORALITIES: Final = ("cumulative", "delta", "lowmemory")
 DEFAULT_TIMEOUT: Final = 10.0
 _DEFAULT_ENDPOINT = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
-#: Variables whose values are secrets.
-SECRETS: Final = frozenset(
-    f"OTEL_EXPORTER_OTLP_{s}{k}" for s in ("", "LOGS_", "METRICS_") for k in ("HEADERS",
-                                                                                 "CLIENT_KEY"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +161,33 @@ def temporality(env: Mapping[str, str]) -> tuple[str, list[str]]:
     if raw and raw not in TEMPORALITIES:
         return "cumulative", [f"{name}={raw[:40]!r}: expected cumulative, delta or lowmemory"]
     return raw or "cumulative", []
+
+
+def endpoint_warnings(env: Mapping[str, str], protocol: str) -> list[str]:
+    """The conventional OTLP ports are 4317 (gRPC) and 4318 (http): the other one is a likely
+    mix-up that fails only at the first export."""
+    warnings = []
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        try:
+            parts = urlsplit(env.get(name, "").strip())
+            port = parts.port
+        except ValueError:
+            continue
+        path = parts.path.rstrip("/")
+        if protocol == "grpc" and path:
+            warnings.append(f"{name} has a path ({path!r}) that gRPC ignores: only the host and "
+                            "port are used")
+        elif name == "OTEL_EXPORTER_OTLP_ENDPOINT" and path.endswith(("/v1/logs",
+                                                                      "/v1/metrics")):
+            warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK appends "
+                            "/v1/logs and /v1/metrics to it (a signal's full URL goes in "
+                            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT / ..._METRICS_ENDPOINT)")
+        if protocol == "grpc" and port == 4318:
+            warnings.append(f"{name} uses port 4318, the OTLP/http port, with "
+                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc (gRPC listens on 4317)")
+        elif protocol != "grpc" and port == 4317:
+            warnings.append(f"{name} uses port 4317, the OTLP/gRPC port, with the "
+                            "http/protobuf protocol (http listens on 4318; or set "
+                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
+    return warnings
