@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 VERSIONS=(${OTHER_PYTHONS:-3.10 3.12 3.13})
 PURE_TESTS=(
   tests/test_tracker.py tests/test_parser.py tests/test_config.py tests/test_records.py
-  tests/test_approval.py tests/test_simulator.py tests/test_scenarios.py tests/test_telemetry.py
+  tests/test_approval_rules.py tests/test_simulator.py tests/test_scenarios.py tests/test_telemetry.py
   tests/test_serving.py
 )
 # The main suite's pins, except hypothesis: 6.168.5 is its last release for Python 3.10.

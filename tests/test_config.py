@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from scheduled_events_exporter import otlp_settings
-from scheduled_events_exporter.approval import ApprovalConfig
+from scheduled_events_exporter.approval_rules import ApprovalConfig
 from scheduled_events_exporter.config import (
     SECRET_VARIABLES,
     SETTINGS,

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from scheduled_events_exporter.approval import decide, parse_approval_config
+from scheduled_events_exporter.approval_rules import decide
 from scheduled_events_exporter.boot import continuing
 from scheduled_events_exporter.codec import decode_state, encode_state
 from scheduled_events_exporter.config import load_config
@@ -48,8 +48,8 @@ README_REBOOT = "4CAEA225-A741-474D-A72E-428C86FCD853"
 POLL_INTERVAL = "0.2"
 CONFIG = load_config({"SEE_POLL_INTERVAL": POLL_INTERVAL, "SEE_STATE_DIR": ""}, create=False)
 #: SEE_APPROVE=user, read by the exporter's own configuration reader.
-APPROVE_USER, _problems = parse_approval_config({"SEE_APPROVE": "user"})
-assert APPROVE_USER is not None and not _problems
+APPROVE_USER = load_config({"SEE_APPROVE": "user", "SEE_STATE_DIR": ""}, create=False).approval
+assert APPROVE_USER is not None
 
 
 def corpus(name: str) -> list[bytes]:
@@ -69,7 +69,7 @@ class Doc:
 
 @dataclass(frozen=True)
 class Approve:
-    """The approval worker looks at the last document (``approval.decide`` with
+    """The approval worker looks at the last document (``approval_rules.decide`` with
     ``SEE_APPROVE=user``); IMDS accepts every approval it posts (as the simulator does)."""
 
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from scheduled_events_exporter.approver import Approver
+from scheduled_events_exporter.approval_worker import Approver
 from scheduled_events_exporter.boot import continuing, host_boot_id
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer

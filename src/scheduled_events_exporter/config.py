@@ -28,7 +28,12 @@ from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
 
 from scheduled_events_exporter import api_versions, otlp_settings
-from scheduled_events_exporter.approval import RULES_EXPECTED, ApprovalConfig, Rule, parse_rules
+from scheduled_events_exporter.approval_rules import (
+    RULES_EXPECTED,
+    ApprovalConfig,
+    Rule,
+    parse_rules,
+)
 from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.platforms.files import FILES

@@ -4,7 +4,7 @@ bounded in time.
 A hook drains a node, checkpoints a job or leaves a load balancer before Azure may start the
 maintenance; only exit status 0 lets the approver POST. This module knows how to run one safely
 (own process group, killed at the timeout, secrets removed from its environment, output kept
-short); when to run it is :mod:`.approver`'s business.
+short); when to run it is :mod:`.approval_worker`'s business.
 """
 
 from __future__ import annotations

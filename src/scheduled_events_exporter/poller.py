@@ -61,7 +61,7 @@ class Committer(Protocol):
 
 
 class ApprovalQueue(Protocol):
-    """The approval worker as the poll loop sees it (``approver.Approver``): offer each good
+    """The approval worker as the poll loop sees it (``approval_worker.Approver``): offer each good
     document, collect finished decisions. Both return at once; hooks and POSTs run elsewhere."""
 
     def offer(self, events: Sequence[ScheduledEvent], incarnation: int) -> None:

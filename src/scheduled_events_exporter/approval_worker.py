@@ -23,8 +23,7 @@ from urllib3.exceptions import HTTPError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from scheduled_events_exporter import api_versions
-from scheduled_events_exporter.approval import (
-    OUTCOMES,
+from scheduled_events_exporter.approval_rules import (
     ApprovalConfig,
     Decision,
     ReportOnce,
@@ -78,9 +77,9 @@ class _Offer:
 class Approver:
     """Approves events on this VM per :class:`ApprovalConfig`; the worker starts at once.
 
-    Thread-safe: :meth:`offer`, :meth:`drain`, :meth:`approved_ids`, :meth:`counts` may be
+    Thread-safe: :meth:`offer`, :meth:`drain`, :meth:`approved_ids` may be
     called from any thread and never wait for a hook or a POST. ``on_outcome`` is called on
-    the worker thread with each outcome label (:data:`~approval.OUTCOMES`) as it is reported.
+    the worker thread with each outcome label (:data:`~approval_rules.Outcome`) as it is reported.
     """
 
     def __init__(
@@ -113,7 +112,6 @@ class Approver:
         self._results: list[Transition] = []
         # Insertion-ordered, so the oldest approvals are the ones forgotten past MAX_APPROVED.
         self._approved: dict[str, None] = dict.fromkeys(list(already_approved)[-MAX_APPROVED:])
-        self._counts = dict.fromkeys(OUTCOMES, 0)
         # Worker-only state (no lock): what was reported, and events given up on.
         self._reported = ReportOnce()
         self._finished: set[str] = set()
@@ -137,11 +135,6 @@ class Approver:
         """EventIds approved successfully (including ``already_approved``), for the state file."""
         with self._cond:
             return frozenset(self._approved)
-
-    def counts(self) -> dict[str, int]:
-        """Outcomes reported so far, by label (every label present, 0 when none)."""
-        with self._cond:
-            return dict(self._counts)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every offer so far is fully handled (hook, POSTs); False on timeout."""
@@ -294,7 +287,6 @@ class Approver:
                                 approval_detail=reason.removeprefix(f"{outcome}: ") or None)
         with self._cond:
             self._results.append(transition)
-            self._counts[outcome] += 1
         if self._on_outcome is not None:
             try:
                 self._on_outcome(outcome)

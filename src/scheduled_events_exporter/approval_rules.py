@@ -5,7 +5,7 @@ threads.
 reads the ``SEE_APPROVE*`` variables into an :class:`ApprovalConfig`); :func:`decide` says, for
 one event of a document, whether this VM should approve it, skip it (and why), or has nothing
 to say. The I/O side (hook, POST, its thread) is
-:mod:`scheduled_events_exporter.approver`.
+:mod:`scheduled_events_exporter.approval_worker`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ from typing import Final, Literal
 from scheduled_events_exporter.model import STATUS_SCHEDULED, ScheduledEvent
 from scheduled_events_exporter.platforms.shell import Command
 
-#: Outcome labels, in the order the metric documentation lists them: ``approved`` and the
-#: ``approval_skipped`` reasons of docs/semantics.md#approval-opt-in.
-OUTCOMES: Final = ("approved", "dry_run", "not_leader", "not_self", "hook_failed", "post_failed")
-
 RuleKind = Literal["user", "freeze", "type", "all"]
 Multi = Literal["leader", "any"]
+#: Outcome labels, in the order the metric documentation lists them: ``approved`` and the
+#: ``approval_skipped`` reasons of docs/semantics.md#approval-opt-in.
 Outcome = Literal["approved", "dry_run", "not_leader", "not_self", "hook_failed", "post_failed"]
 
 #: What SEE_APPROVE holds.
@@ -211,8 +209,3 @@ class ReportOnce:
     def retain(self, event_ids: Collection[str]) -> None:
         """Forget events no longer in the document (bounds memory over months of events)."""
         self._seen = {k for k in self._seen if k[0] in event_ids}
-
-
-def outcome_of(approval_reason: str | None) -> str:
-    """The bare outcome label of an ``approval_skipped`` reason text (``hook_failed: ...``)."""
-    return (approval_reason or "").partition(":")[0].strip()
