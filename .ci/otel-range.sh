@@ -20,6 +20,9 @@ for dep in deps:
 PY
 )
 [ ${#lowest[@]} -ge 4 ] || { echo "expected the opentelemetry floors in pyproject.toml, found: ${lowest[*]}" >&2; exit 1; }
+api_floor=$(printf '%s\n' "${lowest[@]}" | sed -n 's/^opentelemetry-api==//p')
+# The OTLP exporters' encoder of the same release: tests/test_otlp_proto.py compares ours with it.
+lowest+=("opentelemetry-exporter-otlp-proto-common==$api_floor")
 echo "lowest OpenTelemetry: ${lowest[*]}"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check . "${lowest[@]}" \
   pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0 hypothesis==6.170.15 rotel==0.0.1a15 \

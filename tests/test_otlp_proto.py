@@ -112,3 +112,26 @@ def test_metrics_keep_their_kind_temporality_and_points() -> None:
     assert len(histogram.bucket_counts) == len(histogram.explicit_bounds) + 1
     (gauge,) = metrics["g"].gauge.data_points
     assert (gauge.as_double, value(gauge.attributes[0].value)) == (2.5, "E1")
+
+
+def test_metrics_request_is_the_message_the_sdks_own_encoder_builds() -> None:
+    """A second, independent implementation: the OTLP exporters' public ``encode_metrics``
+    (a test dependency only) must build the same message from the same collection."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(resource=RESOURCE, metric_readers=[reader])
+    meter = provider.get_meter("scheduled_events_exporter", "1.2.3")
+    meter.create_counter("c", unit="{x}", description="a counter").add(3, {"k": "v", "n": 2})
+    meter.create_up_down_counter("u").add(-4)
+    histogram = meter.create_histogram("h", unit="s")
+    for seconds in (0.2, 7.5, 3600.0):
+        histogram.record(seconds, {"ok": True})
+    meter.create_observable_gauge(
+        "g", callbacks=[lambda _: [Observation(2.5, {"id": "E1"}), Observation(-1, {"id": "E2"})]])
+    try:
+        data = reader.get_metrics_data()
+    finally:
+        provider.shutdown()
+    assert data is not None
+    assert metrics_request(data) == encode_metrics(data)
