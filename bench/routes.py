@@ -226,6 +226,20 @@ def one_run(options: Options, index: int) -> dict[str, Any]:
             "figures": figures}
 
 
+def one_run_retried(options: Options, index: int, attempts: int = 3) -> dict[str, Any]:
+    """:func:`one_run`, started again when a process lost its port to another socket between
+    ``free_port`` and its bind (eleven processes and their connections share the ephemeral
+    range); any other failure ends the benchmark."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return one_run(options, index)
+        except RuntimeError as exc:
+            if "Address already in use" not in str(exc) or attempt == attempts:
+                raise
+            print(f"run {index + 1}: a port was taken, starting the run again", flush=True)
+    raise AssertionError("unreachable")
+
+
 def report(runs: list[dict[str, Any]], options: Options, args: dict[str, Any]) -> None:
     """Print the medians table and save the results with their summary rows."""
     names = list(runs[0]["figures"])
@@ -302,7 +316,7 @@ def main() -> None:
         return
     options = Options(1 if args.quick else args.runs, 40.0 if args.quick else args.window,
                       10.0 if args.quick else args.warmup, args.before, args.quick)
-    runs = [one_run(options, i) for i in range(options.runs)]
+    runs = [one_run_retried(options, i) for i in range(options.runs)]
     report(runs, options, vars(args))
 
 
