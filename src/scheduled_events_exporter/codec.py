@@ -18,7 +18,7 @@ import enum
 import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -29,10 +29,14 @@ T = TypeVar("T")
 Json = dict[str, Any]
 
 
+Encoder = Callable[[Any], Any]
+Decoder = Callable[[object], Any]
+
+
 def encode(value: Any) -> Any:
     """``value`` as JSON-ready data (dataclasses as objects of their fields)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return _encoder(type(value))(value)
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, datetime):
@@ -47,84 +51,185 @@ def encode(value: Any) -> Any:
 def decode(kind: type[T], data: object, where: str = "") -> T:
     """Read ``data`` back as ``kind`` (a dataclass); ``ValueError`` naming the field when it
     does not have the declared shape."""
-    return typing.cast(T, _decode(kind, data, where or kind.__name__))
+    try:
+        return typing.cast(T, _decoder(typing.cast(Any, kind))(data))
+    except _Bad as bad:
+        raise ValueError(f"{where or kind.__name__}{''.join(reversed(bad.path))}: "
+                         f"{bad.message}") from None
+
+
+# The converters are built once per type from its annotations (a state file of 400 events is
+# written at every change, so walking the annotations per value would cost milliseconds).
+
+class _Bad(ValueError):
+    """A value of the wrong shape; ``path`` (innermost first) grows as it leaves each
+    container, so the location is spelt only when something is wrong."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path: list[str] = []
+
+
+def _at(segment: str, bad: _Bad) -> _Bad:
+    bad.path.append(segment)
+    return bad
+
+
+def _identity(value: Any) -> Any:
+    return value
 
 
 @functools.cache
-def _hints(kind: type) -> dict[str, Any]:
-    return typing.get_type_hints(kind)
-
-
-def _decode(hint: Any, data: object, where: str) -> Any:
+def _encoder(hint: Any) -> Encoder:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return _decode_union(args, data, where)
+        alternatives = [a for a in args if a is not type(None)]
+        if len(alternatives) == 1:
+            inner = _encoder(alternatives[0])
+            return inner if inner is _identity else (
+                lambda value: None if value is None else inner(value))
+        return encode  # a union of JSON types, or anything else: by the value's own type
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        names = [f.name for f in dataclasses.fields(hint)]
-        missing = [n for n in names if n not in data]
-        unknown = sorted(set(data) - set(names))
-        if missing or unknown:
-            raise ValueError(f"{where}: expected the fields {names}, missing {missing}, "
-                             f"unknown {unknown}")
-        hints = _hints(hint)
-        return hint(**{n: _decode(hints[n], data[n], f"{where}.{n}") for n in names})
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return tuple(_decode(args[0], item, f"{where}[{i}]")
-                     for i, item in enumerate(_expect(list, data, where)))
-    if origin is list:
-        return [_decode(args[0], item, f"{where}[{i}]")
-                for i, item in enumerate(_expect(list, data, where))]
+        hints = typing.get_type_hints(hint)
+        fields = tuple((f.name, _encoder(hints[f.name])) for f in dataclasses.fields(hint))
+        return lambda value: {name: convert(getattr(value, name)) for name, convert in fields}
+    if origin in (tuple, list):
+        item = _encoder(args[0])
+        return list if item is _identity else (lambda value: [item(i) for i in value])
     if origin in (Mapping, dict, typing.Mapping):
-        pairs = _expect(list, data, where)
-        out = {}
-        for i, pair in enumerate(pairs):
-            if not (isinstance(pair, list) and len(pair) == 2):
-                raise ValueError(f"{where}[{i}]: expected a [key, value] pair")
-            out[_decode(args[0], pair[0], f"{where}[{i}]")] = _decode(args[1], pair[1],
-                                                                      f"{where}[{i}]")
-        return out
+        item = _encoder(args[1])
+        return lambda value: [[key, item(i)] for key, i in value.items()]
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(data)
-        except ValueError:
-            raise ValueError(f"{where}: expected one of {[m.value for m in hint]}, "
-                             f"got {data!r}") from None
+        return lambda value: value.value
     if hint is datetime:
-        text = _expect(str, data, where)
-        moment = datetime.fromisoformat(text)
-        if moment.tzinfo is None:
-            raise ValueError(f"{where}: expected a time with a UTC offset, got {text!r}")
-        return moment
+        return datetime.isoformat
+    if hint in (str, int, float, bool):
+        return _identity
+    return encode
+
+
+@functools.cache
+def _decoder(hint: Any) -> Decoder:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _union_decoder(args)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return _dataclass_decoder(hint)
+    if origin in (tuple, list) and (origin is list or (len(args) == 2 and args[1] is ...)):
+        return _sequence_decoder(_decoder(args[0]), origin)
+    if origin in (Mapping, dict, typing.Mapping):
+        return _mapping_decoder(_decoder(args[0]), _decoder(args[1]))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _enum_decoder(hint)
+    if hint is datetime:
+        return _read_time
     if hint is float:
-        if isinstance(data, (int, float)) and not isinstance(data, bool):
-            return float(data)
-        raise ValueError(f"{where}: expected a number, got {type(data).__name__}")
+        return _read_number
     if hint in (str, int, bool):
-        return _expect(hint, data, where)
-    raise TypeError(f"{where}: no JSON form for {hint!r}")  # a new field type: a bug here
+        return functools.partial(_expect, hint)
+    raise TypeError(f"no JSON form for {hint!r}")  # a new field type: a bug here
 
 
-def _decode_union(args: tuple[Any, ...], data: object, where: str) -> Any:
-    if data is None and type(None) in args:
-        return None
-    alternatives = [a for a in args if a is not type(None)]
-    if len(alternatives) == 1:  # X | None: X's own error says what is wrong inside it
-        return _decode(alternatives[0], data, where)
-    for alternative in alternatives:
-        try:
-            return _decode(alternative, data, where)
-        except ValueError:
-            continue
+def _dataclass_decoder(kind: type) -> Decoder:
+    hints = typing.get_type_hints(kind)
+    names = [f.name for f in dataclasses.fields(kind)]
+    fields = tuple((name, _decoder(hints[name])) for name in names)
+    expected = frozenset(names)
+
+    def read(data: object) -> Any:
+        if not isinstance(data, dict):
+            raise _Bad(f"expected an object, got {type(data).__name__}")
+        if data.keys() != expected:
+            missing = [n for n in names if n not in data]
+            unknown = sorted(set(data) - expected)
+            raise _Bad(f"expected the fields {names}, missing {missing}, unknown {unknown}")
+        values = {}
+        for name, convert in fields:
+            try:
+                values[name] = convert(data[name])
+            except _Bad as bad:
+                raise _at(f".{name}", bad) from None
+        return kind(**values)
+    return read
+
+
+def _sequence_decoder(item: Decoder, origin: type) -> Decoder:
+    def read(data: object) -> Any:
+        items = _expect(list, data)
+        out = []
+        for i, value in enumerate(items):
+            try:
+                out.append(item(value))
+            except _Bad as bad:
+                raise _at(f"[{i}]", bad) from None
+        return tuple(out) if origin is tuple else out
+    return read
+
+
+def _mapping_decoder(key: Decoder, item: Decoder) -> Decoder:
+    def read(data: object) -> Any:
+        out = {}
+        for i, pair in enumerate(_expect(list, data)):
+            try:
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    raise _Bad("expected a [key, value] pair")
+                out[key(pair[0])] = item(pair[1])
+            except _Bad as bad:
+                raise _at(f"[{i}]", bad) from None
+        return out
+    return read
+
+
+def _union_decoder(args: tuple[Any, ...]) -> Decoder:
+    optional = type(None) in args
+    alternatives = [_decoder(a) for a in args if a is not type(None)]
     shown = " | ".join(getattr(a, "__name__", str(a)) for a in args)
-    raise ValueError(f"{where}: expected {shown}, got {type(data).__name__}")
+
+    def read(data: object) -> Any:
+        if data is None and optional:
+            return None
+        if len(alternatives) == 1:  # X | None: X's own error says what is wrong inside it
+            return alternatives[0](data)
+        for alternative in alternatives:
+            try:
+                return alternative(data)
+            except _Bad:
+                continue
+        raise _Bad(f"expected {shown}, got {type(data).__name__}")
+    return read
 
 
-def _expect(kind: type[T], data: object, where: str) -> T:
+def _enum_decoder(kind: type[enum.Enum]) -> Decoder:
+    def read(data: object) -> Any:
+        try:
+            return kind(data)
+        except (ValueError, TypeError):
+            raise _Bad(f"expected one of {[m.value for m in kind]}, got {data!r}") from None
+    return read
+
+
+def _read_time(data: object) -> datetime:
+    text = _expect(str, data)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise _Bad(f"expected an ISO 8601 time, got {text[:40]!r}") from None
+    if moment.tzinfo is None:
+        raise _Bad(f"expected a time with a UTC offset, got {text!r}")
+    return moment
+
+
+def _read_number(data: object) -> float:
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return float(data)
+    raise _Bad(f"expected a number, got {type(data).__name__}")
+
+
+def _expect(kind: type[T], data: object) -> T:
     # bool is an int in Python, never in these files.
     if not isinstance(data, kind) or (kind is int and isinstance(data, bool)):
-        raise ValueError(f"{where}: expected {kind.__name__}, got {type(data).__name__}")
+        raise _Bad(f"expected {kind.__name__}, got {type(data).__name__}")
     return data
 
 
