@@ -105,6 +105,26 @@ def test_unknown_command_and_arguments_are_one_line_and_exit_2() -> None:
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_a_signal_endpoint_is_checked_against_that_signals_protocol() -> None:
+    done = run("check-config", env=clean_env(
+        SEE_STATE_DIR="", SEE_SINKS="otlp", OTEL_EXPORTER_OTLP_METRICS_PROTOCOL="grpc",
+        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://collector:4318"))
+    assert done.returncode == 0
+    assert done.stderr.startswith("configuration warning: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT "
+                                  "uses port 4318, the OTLP/http port, with the grpc protocol")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_check_config_refuses_a_state_dir_run_could_not_create() -> None:
+    # Root is told "writable" by os.access in /proc, where no directory can be made.
+    env = clean_env(SEE_STATE_DIR="/proc/no-such-state")
+    for command in ("check-config", "run"):
+        done = run(command, env=env, timeout=30)
+        assert done.returncode == 2, (command, done.stderr)
+        assert "SEE_STATE_DIR='/proc/no-such-state': expected a writable directory" in \
+            done.stderr, done.stderr
+
+
 def test_check_config_changes_nothing(tmp_path: Path) -> None:
     target = tmp_path / "not" / "yet" / "state"
     done = run("check-config", env=clean_env(SEE_STATE_DIR=str(target)))
@@ -266,7 +286,8 @@ def test_an_endpoint_path_the_sdk_would_misuse_is_a_warning(protocol: str, endpo
 
 
 def test_a_plain_endpoint_gets_no_warning() -> None:
-    for protocol, endpoint in (("grpc", "https://collector:4317/"),
+    for protocol, endpoint in (("grpc", "https://collector:4317/"), ("grpc", "127.0.0.1:4317"),
+                               ("grpc", "collector:14317"),
                                ("http/protobuf", "http://collector:4318/")):
         done = run("check-config", env=clean_env(
             SEE_STATE_DIR="", SEE_SINKS="otlp", OTEL_EXPORTER_OTLP_PROTOCOL=protocol,

@@ -136,6 +136,24 @@ def test_eventhubs_needs_credentials_and_never_shows_secrets(tmp_path: Path) -> 
     assert len(info.value.problems) == 2
 
 
+def test_what_a_connection_string_makes_of_the_other_hub_settings_is_said(
+        tmp_path: Path) -> None:
+    scoped = ("Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;"
+              "SharedAccessKey=TOPSECRET;EntityPath=hub1")
+    config = load_config(env(tmp_path, SEE_SINKS="eventhubs", SEE_EVENTHUB_CONNECTION_STRING=scoped,
+                             SEE_EVENTHUB_NAME="hub2", SEE_EVENTHUB_METRICS_NAME="hub1",
+                             SEE_EVENTHUB_NAMESPACE="other.servicebus.windows.net"))
+    assert config.warnings == (
+        "SEE_EVENTHUB_NAMESPACE='other.servicebus.windows.net' is ignored: "
+        "SEE_EVENTHUB_CONNECTION_STRING is set and names the namespace (set one of them)",
+        "SEE_EVENTHUB_NAME='hub2' is not the connection string's EntityPath ('hub1'): a key "
+        "scoped to that hub is refused for 'hub2'; expected a namespace-level key")
+    assert "SEE_EVENTHUB_NAME=hub2" in config.describe({})
+    same = load_config(env(tmp_path, SEE_SINKS="eventhubs", SEE_EVENTHUB_CONNECTION_STRING=scoped,
+                           SEE_EVENTHUB_NAME="hub1"))
+    assert same.warnings == ()
+
+
 def _cli(args: list[str], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SEE_", "OTEL_"))}
     return subprocess.run(
@@ -242,7 +260,7 @@ def test_otlp_settings_reads_exactly_the_otlp_rows_the_table_does_not_parse() ->
     for signal in ("logs", "metrics"):
         otlp_settings.otlp_target(env, signal)
     otlp_settings.temporality(env)
-    otlp_settings.endpoint_warnings(env, "grpc")
+    otlp_settings.endpoint_warnings(env, {"logs": "grpc", "metrics": "grpc"})
     rows = {n for row in SETTINGS if row.name.startswith("OTEL_EXPORTER_OTLP_")
             for n in row.names}
     assert env.asked == rows

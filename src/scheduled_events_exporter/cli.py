@@ -150,7 +150,7 @@ Azure Scheduled Events -> OpenTelemetry log records and metrics (OTLP, Azure Eve
 console). Configured by SEE_* and OTEL_* environment variables only (README, "Configuration").
 
 commands:
-{chr(10).join(f"  {name:14}{text}" for name, text in COMMANDS.items())}
+{chr(10).join(f"  {name:{max(map(len, COMMANDS)) + 2}}{text}" for name, text in COMMANDS.items())}
 
 Without a command it runs. "scheduled-events-exporter COMMAND --help" describes each one.
 """

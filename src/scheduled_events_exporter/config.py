@@ -13,6 +13,7 @@ module unredacted.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import math
@@ -443,7 +444,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("SEE_EVENTHUB_NAMESPACE", "eventhub_namespace", str, _NAMESPACE,
             when=lambda c: _eventhubs(c) and not c.eventhub_connection_string),
     Setting("SEE_EVENTHUB_NAME", "eventhub_name", str, "the event hub name",
-            when=lambda c: _eventhubs(c) and not c.eventhub_connection_string),
+            when=lambda c: _eventhubs(c) and bool(c.eventhub_name
+                                                  or not c.eventhub_connection_string)),
     Setting("SEE_EVENTHUB_METRICS_NAME", "eventhub_metrics_name",
             _matching(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?"),  # Event Hubs' rules
             "an event hub name (1-256 letters, digits, '.', '-', '_'; starting and ending with "
@@ -561,7 +563,7 @@ def _read(row: Setting, env: Mapping[str, str], problems: list[str]) -> Any:
 def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) -> Config:
     """Read and validate the configuration; raises :class:`ConfigError` listing every problem.
 
-    ``create=False`` (``check-config``) only checks that the state directory could be created
+    ``create=False`` (``check-config``) checks that the state directory could be created
     and written, and leaves the file system as it was.
     """
     env = dict(os.environ if env is None else env)
@@ -629,8 +631,13 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
                     if name.startswith("SEE_APPROVE_") and name not in approve
                     and env[name].strip())
     warnings = api_versions.check(config.imds_api_version)[1]
+    if "eventhubs" in sinks:
+        warnings.extend(_eventhubs_warnings(config))
     if "otlp" in sinks:
-        warnings.extend(otlp_settings.endpoint_warnings(env, logs.protocol))
+        protocols = {"logs": logs.protocol}
+        if "otlp" in config.metrics_exporters:
+            protocols["metrics"] = metrics.protocol
+        warnings.extend(otlp_settings.endpoint_warnings(env, protocols))
     return replace(config, otlp_logs=logs, otlp_metrics=metrics,
                    metrics_temporality=temporality, warnings=tuple(warnings)), problems
 
@@ -653,6 +660,28 @@ def _check_eventhubs(config: Config) -> list[str]:
     if not hub:
         problems.append("SEE_EVENTHUB_NAME='': expected the event hub name")
     return problems
+
+
+def _eventhubs_warnings(config: Config) -> list[str]:
+    """What a connection string makes of the other Event Hubs settings, said before a send is
+    refused: the hub name replaces its EntityPath (azure-eventhub), a namespace is ignored."""
+    if not config.eventhub_connection_string:
+        return []
+    fields = dict(part.split("=", 1) for part in config.eventhub_connection_string.split(";")
+                  if "=" in part)
+    entity = fields.get("EntityPath", "")
+    warnings = []
+    if config.eventhub_namespace:
+        warnings.append(f"SEE_EVENTHUB_NAMESPACE={_show(config.eventhub_namespace)} is ignored: "
+                        "SEE_EVENTHUB_CONNECTION_STRING is set and names the namespace (set "
+                        "one of them)")
+    for name, hub in (("SEE_EVENTHUB_NAME", config.eventhub_name),
+                      ("SEE_EVENTHUB_METRICS_NAME", config.eventhub_metrics_name)):
+        if entity and hub and hub != entity:
+            warnings.append(f"{name}={_show(hub)} is not the connection string's EntityPath "
+                            f"({_show(entity)}): a key scoped to that hub is refused for "
+                            f"{_show(hub)}; expected a namespace-level key")
+    return warnings
 
 
 def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> list[str]:
@@ -679,18 +708,21 @@ def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> 
 
 
 def _could_write(path: Path) -> str:
-    """Whether ``path`` is (or could be created as) a writable directory, touching nothing."""
+    """Whether ``path`` is (or could be created as) a writable directory, leaving nothing behind.
+
+    It is tried, not asked: ``os.access`` says yes to root in read-only places such as /proc,
+    where ``run`` then fails."""
+    created: list[Path] = []
     probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
+    while not probe.exists() and probe.parent != probe:
+        created.append(probe)
         probe = probe.parent
-    if not probe.is_dir():
-        return f"expected a writable directory ({probe} is not a directory)"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        what = "is not writable" if probe == path else f"cannot be created in {probe}"
-        return f"expected a writable directory (it {what})"
-    return ""
+    try:
+        return _check_writable(path)
+    finally:
+        for made in created:  # deepest first; what existed before is not touched
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
 
 def _check_writable(path: Path) -> str:

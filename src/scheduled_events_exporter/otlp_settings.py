@@ -163,31 +163,42 @@ def temporality(env: Mapping[str, str]) -> tuple[str, list[str]]:
     return raw or "cumulative", []
 
 
-def endpoint_warnings(env: Mapping[str, str], protocol: str) -> list[str]:
+def endpoint_warnings(env: Mapping[str, str], protocols: Mapping[str, str]) -> list[str]:
     """The conventional OTLP ports are 4317 (gRPC) and 4318 (http): the other one is a likely
-    mix-up that fails only at the first export."""
+    mix-up that fails only at the first export. ``protocols``: each signal's protocol; a
+    signal's endpoint is checked against its own, the general one against each signal's."""
+    warnings: list[str] = []
+    for name, signals in (("OTEL_EXPORTER_OTLP_ENDPOINT", tuple(protocols)),
+                          ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", ("logs",)),
+                          ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", ("metrics",))):
+        raw = env.get(name, "").strip()
+        for protocol in dict.fromkeys(protocols[s] for s in signals if s in protocols):
+            warnings.extend(_endpoint_warnings(name, raw, protocol))
+    return list(dict.fromkeys(warnings))
+
+
+def _endpoint_warnings(name: str, raw: str, protocol: str) -> list[str]:
+    if not raw:
+        return []
+    try:  # gRPC also takes host:port without a scheme
+        parts = urlsplit(raw if "//" in raw or protocol != "grpc" else f"//{raw}")
+        port = parts.port
+    except ValueError:
+        return []
     warnings = []
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        try:
-            parts = urlsplit(env.get(name, "").strip())
-            port = parts.port
-        except ValueError:
-            continue
-        path = parts.path.rstrip("/")
-        if protocol == "grpc" and path:
-            warnings.append(f"{name} has a path ({path!r}) that gRPC ignores: only the host and "
-                            "port are used")
-        elif name == "OTEL_EXPORTER_OTLP_ENDPOINT" and path.endswith(("/v1/logs",
-                                                                      "/v1/metrics")):
-            warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK appends "
-                            "/v1/logs and /v1/metrics to it (a signal's full URL goes in "
-                            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT / ..._METRICS_ENDPOINT)")
-        if protocol == "grpc" and port == 4318:
-            warnings.append(f"{name} uses port 4318, the OTLP/http port, with "
-                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc (gRPC listens on 4317)")
-        elif protocol != "grpc" and port == 4317:
-            warnings.append(f"{name} uses port 4317, the OTLP/gRPC port, with the "
-                            "http/protobuf protocol (http listens on 4318; or set "
-                            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
+    path = parts.path.rstrip("/")
+    if protocol == "grpc" and path:
+        warnings.append(f"{name} has a path ({path!r}) that gRPC ignores: only the host and "
+                        "port are used")
+    elif name == "OTEL_EXPORTER_OTLP_ENDPOINT" and path.endswith(("/v1/logs", "/v1/metrics")):
+        warnings.append(f"{name} ends in {path[path.rindex('/v1/'):]}, but the SDK appends "
+                        "/v1/logs and /v1/metrics to it (a signal's full URL goes in "
+                        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT / ..._METRICS_ENDPOINT)")
+    if protocol == "grpc" and port == 4318:
+        warnings.append(f"{name} uses port 4318, the OTLP/http port, with the grpc protocol "
+                        "(gRPC listens on 4317)")
+    elif protocol != "grpc" and port == 4317:
+        warnings.append(f"{name} uses port 4317, the OTLP/gRPC port, with the "
+                        "http/protobuf protocol (http listens on 4318; or set "
+                        "OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
     return warnings

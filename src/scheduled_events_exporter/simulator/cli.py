@@ -57,9 +57,12 @@ def main(argv: Sequence[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         if args.list:
-            for name in list_scenarios():
+            names = list_scenarios()
+            width = max(map(len, names), default=0)
+            for name in names:
                 sc = load_scenario(name)
-                print(f"{name:24} {sc.real_duration():4.0f} s at x{sc.speed:<4g} {sc.description}")
+                print(f"{name:{width}} {sc.real_duration():4.0f} s at x{sc.speed:<4g} "
+                      f"{sc.description}")
             return 0
         if not is_loopback(args.host):
             raise ValueError(f"--host must be a loopback address (127.0.0.1, ::1, localhost), "
