@@ -145,13 +145,17 @@ def test_what_a_connection_string_makes_of_the_other_hub_settings_is_said(
                              SEE_EVENTHUB_NAMESPACE="other.servicebus.windows.net"))
     assert config.warnings == (
         "SEE_EVENTHUB_NAMESPACE='other.servicebus.windows.net' is ignored: "
-        "SEE_EVENTHUB_CONNECTION_STRING is set and names the namespace (set one of them)",
+        "SEE_EVENTHUB_CONNECTION_STRING is set and names the namespace "
+        "(x.servicebus.windows.net); set one of them",
         "SEE_EVENTHUB_NAME='hub2' is not the connection string's EntityPath ('hub1'): a key "
         "scoped to that hub is refused for 'hub2'; expected a namespace-level key")
     assert "SEE_EVENTHUB_NAME=hub2" in config.describe({})
     same = load_config(env(tmp_path, SEE_SINKS="eventhubs", SEE_EVENTHUB_CONNECTION_STRING=scoped,
                            SEE_EVENTHUB_NAME="hub1"))
     assert same.warnings == ()
+    alone = load_config(env(tmp_path, SEE_SINKS="eventhubs", SEE_EVENTHUB_CONNECTION_STRING=scoped))
+    assert "SEE_EVENTHUB_NAME=hub1 (the connection string's EntityPath)" in alone.describe({})
+    assert "TOPSECRET" not in "".join(alone.describe({})) + "".join(config.warnings)
 
 
 def _cli(args: list[str], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:

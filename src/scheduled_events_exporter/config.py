@@ -444,8 +444,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("SEE_EVENTHUB_NAMESPACE", "eventhub_namespace", str, _NAMESPACE,
             when=lambda c: _eventhubs(c) and not c.eventhub_connection_string),
     Setting("SEE_EVENTHUB_NAME", "eventhub_name", str, "the event hub name",
-            when=lambda c: _eventhubs(c) and bool(c.eventhub_name
-                                                  or not c.eventhub_connection_string)),
+            when=lambda c: _eventhubs(c) and bool(
+                c.eventhub_name or not c.eventhub_connection_string
+                or _connection_fields(c).get("EntityPath")),
+            show=lambda c: c.eventhub_name or
+            f"{_connection_fields(c).get('EntityPath', '')} (the connection string's EntityPath)"),
     Setting("SEE_EVENTHUB_METRICS_NAME", "eventhub_metrics_name",
             _matching(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?"),  # Event Hubs' rules
             "an event hub name (1-256 letters, digits, '.', '-', '_'; starting and ending with "
@@ -647,8 +650,7 @@ def _check_eventhubs(config: Config) -> list[str]:
     hub name."""
     hub, namespace = config.eventhub_name, config.eventhub_namespace
     if config.eventhub_connection_string:
-        fields = dict(part.split("=", 1) for part in config.eventhub_connection_string.split(";")
-                      if "=" in part)
+        fields = _connection_fields(config)
         if not fields.get("Endpoint", "").startswith("sb://"):
             return [f"SEE_EVENTHUB_CONNECTION_STRING={REDACTED}: expected {_CONNECTION_STRING}"]
         return [] if fields.get("EntityPath") or hub else [
@@ -662,19 +664,26 @@ def _check_eventhubs(config: Config) -> list[str]:
     return problems
 
 
+def _connection_fields(config: Config) -> dict[str, str]:
+    """The ``key=value`` fields of the Event Hubs connection string (the key among them: never
+    shown)."""
+    return dict(part.split("=", 1) for part in config.eventhub_connection_string.split(";")
+                if "=" in part)
+
+
 def _eventhubs_warnings(config: Config) -> list[str]:
     """What a connection string makes of the other Event Hubs settings, said before a send is
     refused: the hub name replaces its EntityPath (azure-eventhub), a namespace is ignored."""
     if not config.eventhub_connection_string:
         return []
-    fields = dict(part.split("=", 1) for part in config.eventhub_connection_string.split(";")
-                  if "=" in part)
+    fields = _connection_fields(config)
     entity = fields.get("EntityPath", "")
     warnings = []
     if config.eventhub_namespace:
+        used = urlsplit(fields.get("Endpoint", "")).hostname or "its Endpoint"
         warnings.append(f"SEE_EVENTHUB_NAMESPACE={_show(config.eventhub_namespace)} is ignored: "
-                        "SEE_EVENTHUB_CONNECTION_STRING is set and names the namespace (set "
-                        "one of them)")
+                        f"SEE_EVENTHUB_CONNECTION_STRING is set and names the namespace "
+                        f"({used}); set one of them")
     for name, hub in (("SEE_EVENTHUB_NAME", config.eventhub_name),
                       ("SEE_EVENTHUB_METRICS_NAME", config.eventhub_metrics_name)):
         if entity and hub and hub != entity:
