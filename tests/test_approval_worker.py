@@ -86,6 +86,20 @@ def is_dead(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
+def start_sleeping_hook(sim: Simulator, make: Factory, tmp_path: Path, *, hook_timeout: float
+                        ) -> tuple[Approver, Document, int]:
+    """An approver offered a user Reboot whose hook has started a 30 s sleep in its process
+    group: (the approver, the document offered, the sleeper's pid)."""
+    pid_file = tmp_path / "sleep.pid"
+    hook = f"sleep 30 & echo $! > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; wait"
+    sim.set_events([reboot()])
+    approver = make(ApprovalConfig(rules=(Rule("user"),), hook=hook, hook_timeout=hook_timeout))
+    doc = fetch(sim)
+    approver.offer(doc.events, doc.incarnation)
+    wait_until(pid_file.exists, 10, "the hook to start sleeping")
+    return approver, doc, int(pid_file.read_text())
+
+
 @pytest.fixture
 def sim() -> Iterator[Simulator]:
     with Simulator(vm_name=VM) as s:
@@ -193,15 +207,8 @@ def test_failing_hook_prevents_the_post(sim: Simulator, make: Factory) -> None:
 def test_hanging_hook_is_killed_and_never_delays_the_poll_loop(
     sim: Simulator, make: Factory, tmp_path: Path
 ) -> None:
-    pid_file = tmp_path / "sleep.pid"
-    hook = f"sleep 30 & echo $! > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; wait"
-    sim.set_events([reboot()])
-    approver = make(ApprovalConfig(rules=(Rule("user"),), hook=hook, hook_timeout=1.0))
-    doc = fetch(sim)
-    approver.offer(doc.events, doc.incarnation)
-    wait_until(pid_file.exists, 10, "the hook to start sleeping")
+    approver, doc, sleeper = start_sleeping_hook(sim, make, tmp_path, hook_timeout=1.0)
     started = time.monotonic()
-    sleeper = int(pid_file.read_text())
 
     slowest, while_running, results = 0.0, 0, list[Transition]()
     while not results:
@@ -353,15 +360,9 @@ def test_event_that_leaves_during_the_hook_is_not_posted(
 
 @pytest.mark.timeout(30)
 def test_stop_kills_a_running_hook(sim: Simulator, make: Factory, tmp_path: Path) -> None:
-    pid_file = tmp_path / "sleep.pid"
-    hook = f"sleep 30 & echo $! > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; wait"
-    sim.set_events([reboot()])
-    approver = make(ApprovalConfig(rules=(Rule("user"),), hook=hook, hook_timeout=60.0))
-    doc = fetch(sim)
-    approver.offer(doc.events, doc.incarnation)
-    wait_until(pid_file.exists, 10, "the hook to start sleeping")
+    approver, _, sleeper = start_sleeping_hook(sim, make, tmp_path, hook_timeout=60.0)
     t0 = time.monotonic()
     approver.stop(5.0)
     assert time.monotonic() - t0 < 2.0
-    wait_until(lambda: is_dead(int(pid_file.read_text())), 5, "the hook to be killed")
+    wait_until(lambda: is_dead(sleeper), 5, "the hook to be killed")
     assert posts(sim) == [] and approver.drain() == []

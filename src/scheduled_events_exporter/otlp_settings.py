@@ -134,6 +134,7 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
     name, raw = _pick(env, signal, "COMPRESSION")
     if raw and raw.lower() not in COMPRESSIONS:
         problems.append(f"{name}={raw[:40]!r}: expected gzip or none")
+    gzip = raw.lower() == "gzip"
 
     files = {}
     for key in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE"):
@@ -149,7 +150,6 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
     if raw and raw.lower() not in ("true", "false"):
         problems.append(f"{name}={raw[:40]!r}: expected true or false")
 
-    gzip = _pick(env, signal, "COMPRESSION")[1].lower() == "gzip"
     return OtlpTarget(signal, protocol, endpoint, headers, timeout, gzip, files["CERTIFICATE"],
                       files["CLIENT_KEY"], files["CLIENT_CERTIFICATE"], insecure), problems
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -120,6 +119,9 @@ class StateStore:
 class StateCommitter:
     """Saves the state file when the tracker state changed, and at least every minute.
 
+    Called by the poll thread only (it also makes the last commit at stop), so no lock: one
+    writer cannot write an older state last.
+
     A failed save (disk full, read-only volume) is logged once per streak by the store and
     retried at every poll; the records of failed saves ride along in the next save's outbox,
     so once the disk is writable again a crash still cannot lose them.
@@ -138,7 +140,6 @@ class StateCommitter:
         self._count_failure = count_failure
         self._last_save = -float("inf")
         self._unsaved: tuple[TransitionRecord, ...] = ()
-        self._lock = threading.Lock()
 
     def commit(
         self,
@@ -150,22 +151,21 @@ class StateCommitter:
     ) -> None:
         """Write the state file (with ``records`` as its outbox) when it is due."""
         now = time.monotonic()
-        with self._lock:
-            if not changed and not self._unsaved and now - self._last_save < self.HEARTBEAT:
-                return
-            outbox = (*self._unsaved, *records)
-            try:
-                self._store.save(
-                    PersistedState(
-                        tracker=state,
-                        seq=seq,
-                        outbox=outbox,
-                        approvals=tuple(sorted(self._approvals())),
-                    )
+        if not changed and not self._unsaved and now - self._last_save < self.HEARTBEAT:
+            return
+        outbox = (*self._unsaved, *records)
+        try:
+            self._store.save(
+                PersistedState(
+                    tracker=state,
+                    seq=seq,
+                    outbox=outbox,
+                    approvals=tuple(sorted(self._approvals())),
                 )
-            except OSError:  # logged once per streak by the store
-                self._unsaved = outbox
-                self._count_failure("state", "state", 1)
-                return
-            self._unsaved = ()
-            self._last_save = now
+            )
+        except OSError:  # logged once per streak by the store
+            self._unsaved = outbox
+            self._count_failure("state", "state", 1)
+            return
+        self._unsaved = ()
+        self._last_save = now
