@@ -158,9 +158,10 @@ class Poller:
         self.ticks += 1
         self.last_tick_monotonic = now_mono
         self.telemetry.record_request(result.outcome, result.status, result.duration)
+        # Known to /readyz before the log says it: a reader of the log finds it there too.
+        self.last_outcome = result.outcome.value
         self._log_outcome(result)
         self._log_silence(result, now_mono)
-        self.last_outcome = result.outcome.value
         transitions: tuple[Transition, ...] = ()
         changed = False
         state = self.state
