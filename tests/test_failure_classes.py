@@ -22,12 +22,16 @@ from scheduled_events_exporter.sinks.otlp_transport import Answer
 from scheduled_events_exporter.write_faults import describe_os_error
 
 T, C, P = FailureKind.TRANSIENT, FailureKind.CONFIG, FailureKind.PERMANENT
+L = FailureKind.TOO_LARGE
 
 
 @pytest.mark.parametrize(("code", "kind"), [
     (None, T), (408, T), (429, T), (500, T), (502, T), (503, T), (504, T), (599, T),
     (401, C), (403, C), (404, C), (405, C), (407, C),
-    (400, P), (409, P), (413, P), (415, P), (422, P), (499, P),
+    # A redirect: the route follows none, so the endpoint setting is wrong.
+    (300, C), (301, C), (302, C), (307, C), (308, C),
+    (413, L),
+    (400, P), (409, P), (415, P), (422, P), (499, P),
 ])
 def test_http_statuses(code: int | None, kind: FailureKind) -> None:
     assert classify_http(code) is kind
@@ -35,7 +39,8 @@ def test_http_statuses(code: int | None, kind: FailureKind) -> None:
 
 @given(st.integers(min_value=400, max_value=499))
 def test_every_other_4xx_is_permanent(code: int) -> None:
-    expected = T if code in (408, 429) else C if code in (401, 403, 404, 405, 407) else P
+    expected = (T if code in (408, 429) else C if code in (401, 403, 404, 405, 407)
+                else L if code == 413 else P)
     assert classify_http(code) is expected
 
 
@@ -45,13 +50,30 @@ def test_every_5xx_is_retried(code: int) -> None:
 
 
 @pytest.mark.parametrize(("name", "kind"), [
-    (None, T), ("UNAVAILABLE", T), ("DEADLINE_EXCEEDED", T), ("RESOURCE_EXHAUSTED", T),
+    (None, T), ("UNAVAILABLE", T), ("DEADLINE_EXCEEDED", T), ("RESOURCE_EXHAUSTED", L),
     ("INTERNAL", T), ("UNKNOWN", T), ("ABORTED", T),
     ("UNAUTHENTICATED", C), ("PERMISSION_DENIED", C), ("UNIMPLEMENTED", C), ("NOT_FOUND", C),
     ("INVALID_ARGUMENT", P), ("FAILED_PRECONDITION", P), ("ALREADY_EXISTS", P),
 ])
 def test_grpc_statuses(name: str | None, kind: FailureKind) -> None:
     assert classify_grpc(name) is kind
+
+
+def test_resource_exhausted_is_retried_only_with_retry_info() -> None:
+    # OTLP specification, "Failures": RESOURCE_EXHAUSTED is retryable only if the server
+    # signals, with RetryInfo, that recovery is possible; otherwise the request is split.
+    assert classify_grpc("RESOURCE_EXHAUSTED", retry_info=True) is T
+    assert export_error(Answer(False, "RESOURCE_EXHAUSTED", retry_after=2.0), 4).kind is T
+    split = export_error(Answer(False, "RESOURCE_EXHAUSTED", detail="message larger than max"),
+                         4)
+    assert split.kind is L and "refused a request of 4 records for its size" in str(split)
+
+
+def test_a_redirect_names_the_status_and_where_it_points() -> None:
+    moved = export_error(Answer(False, 308, location="https://elsewhere.example/v1/logs"), 1)
+    assert moved.kind is C and moved.status == "HTTP 308"
+    assert "redirected to https://elsewhere.example/v1/logs" in str(moved)
+    assert "not followed" in str(moved)
 
 
 def test_export_error_messages_name_the_status_and_what_to_check() -> None:

@@ -11,6 +11,7 @@ import datetime
 import gzip
 import ipaddress
 import ssl
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -34,7 +35,13 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport
-from scheduled_events_exporter.sinks.otlp_transport import HttpTransport, status_message
+from scheduled_events_exporter.sinks.otlp_transport import (
+    MAX_RESPONSE_BYTES,
+    HttpTransport,
+    retry_after,
+    rpc_status,
+    status_message,
+)
 from tests.exporter_process import free_port
 
 REQUEST = ExportLogsServiceRequest()
@@ -125,8 +132,10 @@ def test_http_sends_the_protobuf_gzipped_with_the_headers_and_reads_partial_succ
 
 @pytest.mark.parametrize(("reply", "status", "detail", "retry_after"), [
     ((503, {"Retry-After": "7"}, b""), 503, "", 7.0),
-    ((429, {"Retry-After": "3600"}, b""), 429, "", 60.0),  # never longer than a minute
-    ((429, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, b""), 429, "", None),
+    # As the peer said it: the delivery worker alone caps it (delivery.RETRY_AFTER_CAP).
+    ((429, {"Retry-After": "3600"}, b""), 429, "", 3600.0),
+    ((429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, b""), 429, "", 0.0),  # past: now
+    ((503, {"Retry-After": "soon"}, b""), 503, "", None),
     # A google.rpc.Status: code 3, message "log record too large".
     ((400, {"Content-Type": "application/x-protobuf"},
       b"\x08\x03\x12\x14log record too large"), 400, "log record too large", None),
@@ -151,7 +160,7 @@ def test_http_without_a_collector_says_so_without_raising() -> None:
 
 def test_status_message_of_a_malformed_or_foreign_body_is_empty_or_text() -> None:
     assert status_message(b"\x08", "application/x-protobuf") == ""
-    assert status_message(b"\x12\x50abc", "application/x-protobuf") == "abc"  # cut short
+    assert status_message(b"\x12\x50abc", "application/x-protobuf") == ""  # cut short
     assert status_message(b'{"message": "no"}', "application/json") == '{"message": "no"}'
 
 
@@ -217,31 +226,42 @@ def test_http_goes_through_the_proxy_the_environment_names_unless_no_proxy(
 @dataclass
 class GrpcCalls:
     port: int
-    replies: list[str | None] = field(default_factory=list)
+    #: A status name to refuse with, or (name, RetryInfo delay) to send a RetryInfo too.
+    replies: list[str | tuple[str, float] | None] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
 
 
-@pytest.fixture
-def grpc_server() -> Iterator[GrpcCalls]:
-    calls = GrpcCalls(free_port())
+def grpc_serve(address: str, options: tuple[tuple[str, int], ...] = ()) -> Iterator[GrpcCalls]:
+    calls = GrpcCalls(0)
 
     class Logs(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
         def Export(self, request: Any, context: Any) -> Any:
             calls.metadata.append(dict(context.invocation_metadata()))
             verdict = calls.replies.pop(0) if calls.replies else None
+            if isinstance(verdict, tuple):  # the status details trailer, as grpcio-status sends
+                code = getattr(grpc.StatusCode, verdict[0])
+                context.set_trailing_metadata((("grpc-status-details-bin",
+                                                status_with_retry_info(code.value[0], "throttled",
+                                                                       verdict[1])),))
+                context.abort(code, "throttled")
             if verdict is not None:
                 context.abort(getattr(grpc.StatusCode, verdict), "told to refuse")
             return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
                 rejected_log_records=1, error_message="one too old"))
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=options)
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
-    server.add_insecure_port(f"127.0.0.1:{calls.port}")
+    calls.port = server.add_insecure_port(address)
     server.start()
     try:
         yield calls
     finally:
         server.stop(0)
+
+
+@pytest.fixture
+def grpc_server() -> Iterator[GrpcCalls]:
+    yield from grpc_serve(f"127.0.0.1:{free_port()}")
 
 
 def test_grpc_sends_once_with_metadata_and_reads_status_names(grpc_server: GrpcCalls) -> None:
@@ -272,3 +292,114 @@ def test_grpc_without_a_collector_is_unavailable_and_after_close_sends_nothing()
     transport.close()
     after = transport.send(REQUEST, 2)
     assert (after.ok, after.status) == (False, None)
+
+
+# --- Throttling, redirects, bounds (OTLP specification: "OTLP/HTTP Throttling", "OTLP/gRPC
+# Throttling"; docs/otlp-conformance.md) -------------------------------------------------------
+
+def status_with_retry_info(code: int, message: str, delay: float) -> bytes:
+    """A google.rpc.Status carrying a RetryInfo, built with googleapis-common-protos (the
+    protos' own classes, independent of the exporter's reader)."""
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    detail = any_pb2.Any()
+    seconds = int(delay)
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
+        seconds=seconds, nanos=round((delay - seconds) * 1e9))))
+    return status_pb2.Status(code=code, message=message, details=[detail]).SerializeToString()
+
+
+def test_retry_after_reads_delta_seconds_and_an_http_date() -> None:
+    now = datetime.datetime(2026, 10, 21, 7, 27, 52, tzinfo=datetime.timezone.utc).timestamp()
+    assert retry_after("120", lambda: now) == 120.0
+    assert retry_after("Wed, 21 Oct 2026 07:28:00 GMT", lambda: now) == 8.0
+    assert retry_after("Wed, 21 Oct 2026 07:27:00 GMT", lambda: now) == 0.0  # already past
+    for unreadable in ("", None, "-3", "1.5e9", "tomorrow", "Wed, 21 Oct 2026 07:28:00"):
+        assert retry_after(unreadable, lambda: now) is None, unreadable
+
+
+def test_rpc_status_reads_the_message_and_retry_info_as_googleapis_encodes_them() -> None:
+    pytest.importorskip("google.rpc.status_pb2")
+    assert rpc_status(status_with_retry_info(8, "slow down", 8.25)) == ("slow down", 8.25)
+    from google.rpc import status_pb2
+
+    plain = status_pb2.Status(code=8, message="too big").SerializeToString()
+    assert rpc_status(plain) == ("too big", None)
+    assert rpc_status(b"\xff\xff") == ("", None)
+
+
+def test_http_reads_retry_info_from_a_status_body_without_retry_after(http: Server) -> None:
+    pytest.importorskip("google.rpc.status_pb2")
+    http.replies.append((503, {"Content-Type": "application/x-protobuf"},
+                         status_with_retry_info(14, "busy", 3.0)))
+    answer = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs")).send(REQUEST, 5)
+    assert (answer.status, answer.detail, answer.retry_after) == (503, "busy", 3.0)
+
+
+def test_http_redirect_is_not_followed_and_its_location_is_kept(http: Server) -> None:
+    http.replies.append((308, {"Location": "https://elsewhere.example/v1/logs"}, b""))
+    answer = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs")).send(REQUEST, 5)
+    assert (answer.ok, answer.status, answer.location) == (
+        False, 308, "https://elsewhere.example/v1/logs")
+    assert len(http.seen) == 1, "not followed"
+
+
+def test_http_reads_a_response_body_only_up_to_the_bound(http: Server) -> None:
+    huge = b"x" * (4 * MAX_RESPONSE_BYTES)
+    http.replies.extend([(503, {"Content-Type": "text/plain"}, huge),
+                         (200, {"Content-Type": "application/x-protobuf"}, partial(0, "ok"))])
+    transport = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs"))
+    first = transport.send(REQUEST, 5)
+    assert (first.status, first.detail) == (503, "x" * 200)
+    second = transport.send(REQUEST, 5)  # the connection left mid-body is not reused
+    assert (second.ok, second.detail) == (True, "ok")
+    transport.close()
+
+
+@pytest.mark.parametrize("status", ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED",
+                                    "DEADLINE_EXCEEDED", "CANCELLED", "OUT_OF_RANGE",
+                                    "DATA_LOSS"])
+def test_grpc_reads_retry_info_from_the_status_details_of_any_code(
+        grpc_server: GrpcCalls, status: str) -> None:
+    pytest.importorskip("google.rpc.status_pb2")
+    grpc_server.replies.append((status, 8.5))
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}"))
+    try:
+        answer = transport.send(REQUEST, 5)
+    finally:
+        transport.close()
+    assert (answer.ok, answer.status, answer.retry_after) == (False, status, 8.5)
+
+
+def test_grpc_message_larger_than_the_server_takes_is_resource_exhausted_without_retry_info(
+) -> None:
+    big = ExportLogsServiceRequest()
+    big.resource_logs.add().scope_logs.add().log_records.add(event_name="e" * 4096)
+    for calls in grpc_serve(f"127.0.0.1:{free_port()}",
+                            (("grpc.max_receive_message_length", 1024),)):
+        transport = GrpcTransport(target(f"http://127.0.0.1:{calls.port}"))
+        try:
+            answer = transport.send(big, 5)
+        finally:
+            transport.close()
+        assert (answer.ok, answer.status, answer.retry_after) == (
+            False, "RESOURCE_EXHAUSTED", None)
+        assert calls.metadata == [], "refused by gRPC before the service saw it"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="unix sockets: the Linux suite")
+@pytest.mark.parametrize("form", ["unix:{path}", "unix://{path}", "dns:///127.0.0.1:{port}",
+                                  "127.0.0.1:{port}"])
+def test_grpc_takes_every_target_form_the_grpc_client_does(tmp_path: Path, form: str) -> None:
+    path = tmp_path / "otlp.sock"
+    address = f"unix:{path}" if form.startswith("unix") else f"127.0.0.1:{free_port()}"
+    for calls in grpc_serve(address):
+        endpoint = form.format(path=path, port=calls.port)
+        transport = GrpcTransport(OtlpTarget("logs", protocol="grpc", endpoint=endpoint,
+                                             timeout=5.0))
+        try:
+            answer = transport.send(REQUEST, 5)
+        finally:
+            transport.close()
+        assert (answer.ok, answer.status) == (True, "OK"), (endpoint, answer)

@@ -8,9 +8,14 @@ read here, once, as the OpenTelemetry specification and the Python SDK read them
 * ``..._ENDPOINT``: over http/protobuf the general endpoint is a base URL to which
   ``/v1/logs`` or ``/v1/metrics`` is appended, a per-signal one is the full URL; over gRPC
   only the host and port count (``https://`` turns TLS on, ``http://`` off, no scheme:
-  ``..._INSECURE`` decides);
-* ``..._HEADERS``: ``key=value`` pairs separated by commas, percent-encoded;
-* ``..._TIMEOUT``: seconds, as the Python SDK reads it (the specification says milliseconds);
+  ``..._INSECURE`` decides), or a target in gRPC's own naming (``unix:``, ``unix://``,
+  ``dns:``, ``ipv4:``, ``ipv6:``, ``unix-abstract:``), passed to the gRPC client as written
+  (``..._INSECURE`` decides TLS);
+* ``..._HEADERS``: ``key=value`` pairs separated by commas, in the W3C Baggage form the
+  specification names: a key is an HTTP token, a value is percent-decoded and must then be
+  printable ASCII (no control character: it becomes an HTTP header or gRPC metadata value);
+* ``..._TIMEOUT``: seconds, as the Python SDK reads it (the specification says milliseconds;
+  a value of 1000 or more is refused with a line saying it looks like milliseconds);
 * ``..._COMPRESSION``: ``gzip`` or ``none``; ``..._CERTIFICATE``, ``..._CLIENT_KEY``,
   ``..._CLIENT_CERTIFICATE``: PEM files for TLS;
 * ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``: ``cumulative`` (default), ``delta`` or
@@ -36,6 +41,11 @@ COMPRESSIONS: Final = ("gzip", "none")
 TEMPORALITIES: Final = ("cumulative", "delta", "lowmemory")
 DEFAULT_TIMEOUT: Final = 10.0
 _DEFAULT_ENDPOINT = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
+#: gRPC name-resolver schemes (gRPC's doc/naming.md): such a target goes to the client as is.
+GRPC_SCHEMES: Final = ("unix", "unix-abstract", "dns", "ipv4", "ipv6")
+#: RFC 9110 ``tchar``: what a header name (and a W3C Baggage key) is made of.
+_TCHAR: Final = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +67,18 @@ class OtlpTarget:
 
     @property
     def grpc_target(self) -> str:
-        """``host:port`` for a gRPC channel."""
+        """The target for a gRPC channel: ``host:port`` of a URL, or a target in gRPC's own
+        naming (``unix:/path``, ``dns:///host:port``) as written."""
+        if grpc_scheme(self.endpoint):
+            return self.endpoint
         parts = urlsplit(self.endpoint if "//" in self.endpoint else f"//{self.endpoint}")
         return parts.netloc or self.endpoint
+
+
+def grpc_scheme(endpoint: str) -> str:
+    """The gRPC naming scheme ``endpoint`` starts with (``unix``, ``dns``, ...), else ``""``."""
+    scheme, sep, _ = endpoint.partition(":")
+    return scheme.lower() if sep and scheme.lower() in GRPC_SCHEMES else ""
 
 
 def _pick(env: Mapping[str, str], signal: str, key: str) -> tuple[str, str]:
@@ -71,17 +90,33 @@ def _pick(env: Mapping[str, str], signal: str, key: str) -> tuple[str, str]:
     return f"OTEL_EXPORTER_OTLP_{key}", ""
 
 
+class HeaderError(ValueError):
+    """A malformed ``..._HEADERS`` item; the message names the key (if any), never a value."""
+
+
 def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
-    """``k=v,k2=v2`` with percent-encoded keys and values; ``ValueError`` on a pair without
-    ``=`` or with an empty key."""
+    """``k=v,k2=v2`` as the specification reads it (W3C Baggage without properties): keys are
+    HTTP tokens, values percent-decoded and then printable ASCII. :class:`HeaderError` names
+    the first bad item by its key, never by its value (a header value is a secret)."""
     headers = []
     for item in text.split(","):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(item)
-        headers.append((unquote(key.strip()).lower(), unquote(value.strip())))
+        key = unquote(key.strip())
+        if not sep or not key:
+            raise HeaderError(f"expected key=value pairs separated by commas, got an item "
+                              f"without {'=' if not sep else 'a key'} ({len(item)} "
+                              "characters; not shown, it may hold the secret)")
+        if not set(key) <= _TCHAR:
+            raise HeaderError(f"header key {key[:60]!r}: expected an HTTP token (letters, "
+                              "digits and !#$%&'*+-.^_`|~; no spaces or separators)")
+        decoded = unquote(value.strip())
+        if any(not " " <= ch <= "~" for ch in decoded):
+            raise HeaderError(f"the value of header {key.lower()!r} holds a control or non-"
+                              "ASCII character once percent-decoded: expected printable "
+                              "ASCII (the value is a secret and not shown)")
+        headers.append((key.lower(), decoded))
     return tuple(headers)
 
 
@@ -98,15 +133,23 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
     own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
     name, base = _pick(env, signal, "ENDPOINT")
     endpoint = own or base or _DEFAULT_ENDPOINT[protocol]
-    parts = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
+    naming = grpc_scheme(endpoint) if protocol == "grpc" else ""
+    parts = urlsplit(endpoint if "//" in endpoint or naming else f"//{endpoint}")
     try:
         port_ok = parts.port is None or 0 < parts.port < 65536
     except ValueError:
         port_ok = False
-    if not parts.hostname or parts.scheme not in ("http", "https", "") or not port_ok or (
+    if naming:
+        # gRPC's own naming: the client resolves it; only an empty name is refused here.
+        if not endpoint.partition(":")[2].strip("/"):
+            problems.append(f"{name}={endpoint[:80]!r}: expected a name after {naming}: "
+                            f"(e.g. unix:///run/otel.sock, dns:///collector:4317)")
+    elif not parts.hostname or parts.scheme not in ("http", "https", "") or not port_ok or (
             protocol == "http/protobuf" and not parts.scheme):
+        grpc_forms = (", host:port, or a gRPC target (unix:, dns:)" if protocol == "grpc"
+                      else "")
         problems.append(f"{name}={endpoint[:80]!r}: expected an http:// or https:// URL "
-                        "with a host (and a port)")
+                        f"with a host (and a port){grpc_forms}")
     if protocol == "http/protobuf" and not own:
         endpoint = f"{endpoint.rstrip('/')}/v1/{signal}"
 
@@ -114,10 +157,8 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
     headers: tuple[tuple[str, str], ...] = ()
     try:
         headers = parse_headers(raw)
-    except ValueError as exc:
-        problems.append(f"{name}: expected key=value pairs separated by commas (percent-"
-                        f"encoded), got an item without a key or '=' ({len(str(exc))} "
-                        "characters; the value is a secret and not shown)")
+    except HeaderError as exc:
+        problems.append(f"{name}: {exc}")
 
     name, raw = _pick(env, signal, "TIMEOUT")
     timeout = DEFAULT_TIMEOUT
@@ -127,8 +168,13 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
         except ValueError:
             timeout = math.nan
         if not (math.isfinite(timeout) and 0.001 <= timeout <= 600):
+            # The specification's unit is milliseconds, the Python SDK's (and ours) seconds:
+            # 10000 is most likely the specification's 10 s, not 2.8 hours.
+            hint = (f"; {raw[:40]} looks like milliseconds (the specification's unit): "
+                    f"write {timeout / 1000:g} for {timeout / 1000:g} s"
+                    if math.isfinite(timeout) and timeout >= 1000 else "")
             problems.append(f"{name}={raw[:40]!r}: expected a timeout in seconds (the Python "
-                            "SDK's unit), from 0.001 to 600")
+                            f"SDK's unit), from 0.001 to 600{hint}")
             timeout = DEFAULT_TIMEOUT
 
     name, raw = _pick(env, signal, "COMPRESSION")
@@ -146,7 +192,8 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
         files[key] = path
 
     name, raw = _pick(env, signal, "INSECURE")
-    insecure = parts.scheme == "http" or (not parts.scheme and raw.lower() == "true")
+    insecure = parts.scheme == "http" or (
+        (not parts.scheme or bool(naming)) and raw.lower() == "true")
     if raw and raw.lower() not in ("true", "false"):
         problems.append(f"{name}={raw[:40]!r}: expected true or false")
 
@@ -178,7 +225,7 @@ def endpoint_warnings(env: Mapping[str, str], protocols: Mapping[str, str]) -> l
 
 
 def _endpoint_warnings(name: str, raw: str, protocol: str) -> list[str]:
-    if not raw:
+    if not raw or (protocol == "grpc" and grpc_scheme(raw)):
         return []
     try:  # gRPC also takes host:port without a scheme
         parts = urlsplit(raw if "//" in raw or protocol != "grpc" else f"//{raw}")

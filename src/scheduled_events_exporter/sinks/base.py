@@ -26,12 +26,14 @@ from scheduled_events_exporter.write_faults import WriteFault
 
 class FailureKind(enum.Enum):
     """How a failed delivery is handled: ``TRANSIENT`` is retried in order, ``CONFIG`` is retried
-    and reported loudly (readiness fails), ``PERMANENT`` isolates the record into the dead letter
-    (:mod:`.delivery`)."""
+    and reported loudly (readiness fails), ``PERMANENT`` isolates the record into the dead letter,
+    ``TOO_LARGE`` (the request, not a record, was refused for its size) halves the batch until
+    it passes, a single record still refused going to the dead letter (:mod:`.delivery`)."""
 
     TRANSIENT = "transient"
     CONFIG = "config"
     PERMANENT = "permanent"
+    TOO_LARGE = "too_large"
 
 
 class DeliveryError(Exception):

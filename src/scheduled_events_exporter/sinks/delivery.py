@@ -11,7 +11,13 @@ transient errors are retried, permanent ones are not):
 * permanent (other 4xx, a message too large for the hub): a batch is re-sent one record at a
   time to find the culprit; a record rejected on its own goes to the dead-letter file
   (:mod:`~scheduled_events_exporter.dead_letter`), is counted and logged, and the worker goes
-  on with the next one.
+  on with the next one;
+* too large (the request refused for its size: OTLP's 413, gRPC ``RESOURCE_EXHAUSTED`` without
+  ``RetryInfo``): the worker halves the bytes it puts in one request, from then on, until a
+  request passes; a record refused alone is dead-lettered as above, so nothing behind it waits.
+
+A peer's requested delay (``Retry-After``, ``RetryInfo``) is believed up to
+:data:`RETRY_AFTER_CAP`, here and nowhere else: this worker is the only retry path.
 
 The SDK's own ``BatchLogRecordProcessor`` cannot do this: it drops a batch whose export failed
 and reports nothing, which would lose exactly the record an SRE needs after an outage.
@@ -61,7 +67,9 @@ MAX_BATCH = 256
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
-#: The longest a peer's Retry-After is believed (beyond it, the worker's own backoff).
+#: The longest a peer's requested delay (Retry-After, RetryInfo) is believed; a longer one is
+#: waited for this long, then the request is tried again. The one cap of the OTLP and Event
+#: Hubs routes (the transports hand the delay over as the peer said it).
 RETRY_AFTER_CAP = 60.0
 #: A configuration error (authentication, endpoint) is logged again this often while it lasts.
 CONFIG_ERROR_REPEAT = 300.0
@@ -273,6 +281,8 @@ class DeliveryWorker:
         # While records up to this sequence number are in the queue, send them one at a time:
         # a batch containing them was rejected permanently and the culprit is not known yet.
         isolate_until = 0
+        # Bytes one request may carry: halved each time a request is refused for its size.
+        max_bytes = MAX_BATCH_BYTES
         while True:
             with self._cond:
                 while not self._queue and not self._stopping:
@@ -286,7 +296,7 @@ class DeliveryWorker:
                 batch: list[_Queued] = []
                 held = 0
                 for queued in self._queue:  # by count and by bytes: encoding copies a batch
-                    if batch and (len(batch) >= size or held + queued.size > MAX_BATCH_BYTES):
+                    if batch and (len(batch) >= size or held + queued.size > max_bytes):
                         break
                     batch.append(queued)
                     held += queued.size
@@ -305,6 +315,16 @@ class DeliveryWorker:
                         log.warning("sink %s: a batch of %d records was rejected (%s); "
                                     "sending them one at a time to find the culprit",
                                     self.name, len(batch), error.status or error)
+                    else:
+                        self._reject(batch[0], error)
+                    continue
+                if error.kind is FailureKind.TOO_LARGE:
+                    if len(batch) > 1:
+                        max_bytes = max(1, min(max_bytes, held) // 2)
+                        log.warning("sink %s: a request of %d records (about %d bytes) was "
+                                    "refused for its size (%s); sending at most about %d bytes "
+                                    "per request from now on", self.name, len(batch), held,
+                                    error.status or error, max_bytes)
                     else:
                         self._reject(batch[0], error)
                     continue
@@ -405,10 +425,10 @@ class DeliveryWorker:
             except OSError:  # the watch logged why; the record is at least in this log line
                 where = ("not kept (dead-letter file unwritable): "
                          f"{letter.to_json().decode().rstrip()}")
-        log.error("sink %s: %s rejected the record of EventId %s (%s, RecordId %s) "
-                  "permanently: %s; %s; continuing with the next record",
+        log.error("sink %s: %s rejected the record of EventId %s (%s, RecordId %s, about %d "
+                  "bytes) permanently: %s; %s; continuing with the next record",
                   self.name, error.status or "the sink", event_id, letter.transition,
-                  record.record_id, str(error)[:300], where)
+                  record.record_id, queued.size, str(error)[:300], where)
         with self._cond:
             self._dead_lettered += 1
         self._count_failure(self.name, "dead_letter", 1)

@@ -26,11 +26,20 @@ from typing import Any, TypeVar
 import grpc  # type: ignore[import-untyped]
 
 from scheduled_events_exporter.otlp_settings import OtlpTarget
-from scheduled_events_exporter.sinks.otlp_transport import USER_AGENT, Answer, partial_success
+from scheduled_events_exporter.sinks.otlp_transport import (
+    MAX_RESPONSE_BYTES,
+    USER_AGENT,
+    Answer,
+    partial_success,
+    rpc_status,
+)
 
 #: Seconds a channel stays open after its last export: longer than the gap between the
 #: records of one change and its metric export, far shorter than the 60 s heartbeat.
 LINGER = 5.0
+#: The trailer in which a gRPC server sends the full ``google.rpc.Status``, with its details
+#: (``RetryInfo``): the gRPC convention, what ``grpcio-status`` reads.
+STATUS_DETAILS = "grpc-status-details-bin"
 
 T = TypeVar("T")
 
@@ -126,8 +135,20 @@ def _read(path: str) -> bytes | None:
         return file.read()
 
 
+def _retry_info(error: Any) -> float | None:
+    """The delay of a ``google.rpc.RetryInfo`` in the call's status details, if any (the
+    error of a unary call is also its ``grpc.Call``, which has the trailers)."""
+    trailers = error.trailing_metadata() if callable(
+        getattr(error, "trailing_metadata", None)) else None
+    for key, value in trailers or ():
+        if key == STATUS_DETAILS and isinstance(value, bytes):
+            return rpc_status(value)[1]
+    return None
+
+
 class GrpcTransport:
-    """OTLP over gRPC to ``target.grpc_target``, one request per call."""
+    """OTLP over gRPC to ``target.grpc_target`` (any target the gRPC client takes:
+    ``host:port``, ``dns:``, ``unix:``), one request per call."""
 
     def __init__(self, target: OtlpTarget, *, linger: float = LINGER,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -142,7 +163,9 @@ class GrpcTransport:
         self._keeper = ChannelKeeper(self._open, self._close, linger, clock)
 
     def _open(self) -> None:
-        options = [("grpc.primary_user_agent", USER_AGENT)]
+        # A response is bounded as over HTTP (an OTLP response is a few hundred bytes).
+        options = [("grpc.primary_user_agent", USER_AGENT),
+                   ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)]
         if self._credentials is None:
             self._channel = grpc.insecure_channel(self._target.grpc_target, options=options,
                                                   compression=self._compression)
@@ -172,7 +195,8 @@ class GrpcTransport:
             code = exc.code() if callable(getattr(exc, "code", None)) else None
             details = exc.details() if callable(getattr(exc, "details", None)) else ""
             return Answer(False, code.name if code is not None else None,
-                          detail=" ".join(str(details or "").split())[:200])
+                          detail=" ".join(str(details or "").split())[:200],
+                          retry_after=_retry_info(exc))
         rejected, message = partial_success(response, self._target.signal)
         return Answer(True, "OK", rejected, message)
 

@@ -86,6 +86,8 @@ class OtlpMetricExporter(MetricExporter):
         self._count_failure = count_failure
         self._extra = extra
         self._failing = Streak()
+        # Partial success without rejections but with a message: said once per streak.
+        self._warned = Streak()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
@@ -103,6 +105,11 @@ class OtlpMetricExporter(MetricExporter):
             if answer.rejected:
                 log.warning("sink %s: the collector dropped %d of the metric data points: %s",
                             self._sink, answer.rejected, answer.detail or "no reason given")
+            elif answer.detail and self._warned.hit():
+                log.warning("sink %s: the collector accepted the metrics with a warning: %s",
+                            self._sink, answer.detail)
+            elif not answer.detail:
+                self._warned.clear()
             self._failing.clear()
             return MetricExportResult.SUCCESS
         if self._failing.hit():
@@ -158,12 +165,18 @@ class OtlpSink(WorkerSink):
         answer = self._transport.send(logs_request(records, self._resource), self._target.timeout)
         if not answer.ok:
             raise export_error(answer, len(records))
-        if not answer.rejected:
+        if not answer.rejected and not answer.detail:
             self._partial.clear()
             return
         # Accepted, yet dropped by the collector (OTLP partial success): nothing to resend (it
-        # would be dropped again), so it is counted and said once per streak.
-        if self._partial.hit():
+        # would be dropped again), so it is counted and said once per streak. Accepted whole
+        # with a message: the server's warning, which the specification says SHOULD be shown.
+        if not answer.rejected:
+            if self._partial.hit("warning"):
+                log.warning("sink %s: the collector accepted all %d records with a warning: %s",
+                            self.name, len(records), answer.detail)
+            return
+        if self._partial.hit("rejected"):
             log.warning("sink %s: the collector accepted the records but dropped %d of them: "
                         "%s", self.name, answer.rejected, answer.detail or "no reason given")
         self._count(self.name, "logs", answer.rejected)

@@ -5,7 +5,14 @@ with two refinements: authentication and endpoint errors are configuration probl
 reject *every* record, so they are retried and surfaced loudly instead of dead-lettering
 everything; and server errors other than the listed ones (500, INTERNAL, UNKNOWN) are retried,
 because they say nothing about the record. No answer at all (connection refused, timeout) is
-transient. docs/decisions.md ("Transient, configuration, permanent") has the references.
+transient. Throttling (OTLP specification, "OTLP/gRPC Throttling", "OTLP/HTTP Throttling"): a
+429 or 503 with ``Retry-After``, or any retryable gRPC status with ``RetryInfo``, is retried
+after the delay given (capped once, by the delivery worker). A request refused for its size
+(HTTP 413; gRPC ``RESOURCE_EXHAUSTED`` without ``RetryInfo``, which is also what gRPC answers to
+a message larger than the server receives) "MUST NOT be retried as is": it is split. A 3xx is a
+configuration error: the route follows no redirect, and an OTLP endpoint that moved is a wrong
+setting. docs/decisions.md ("Transient, configuration, permanent") and docs/otlp-conformance.md
+have the references.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from scheduled_events_exporter.sinks.otlp_transport import Answer
 
 #: HTTP answers that mean "this request may succeed later" (OTLP/HTTP spec, plus 408).
 TRANSIENT_HTTP = frozenset({408, 429, 502, 503, 504})
+#: HTTP answers that refuse the request for its size: split it, never resend it as is.
+TOO_LARGE_HTTP = frozenset({413})
 #: Answers about who we are or where we send, not about the record.
 CONFIG_HTTP = {
     401: "authentication failed",
@@ -36,20 +45,31 @@ _CONFIG_HINT = ("check OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_LOGS_END
 
 
 def classify_http(code: int | None) -> FailureKind:
-    """Transient, configuration or permanent, for an HTTP status (``None``: no answer)."""
+    """Transient, configuration, too large or permanent, for an HTTP status (``None``: no
+    answer)."""
+    if code is not None and 300 <= code < 400:
+        return FailureKind.CONFIG
     if code is None or code in TRANSIENT_HTTP or code >= 500 or code < 400:
         return FailureKind.TRANSIENT
     if code in CONFIG_HTTP:
         return FailureKind.CONFIG
+    if code in TOO_LARGE_HTTP:
+        return FailureKind.TOO_LARGE
     return FailureKind.PERMANENT
 
 
-def classify_grpc(name: str | None) -> FailureKind:
-    """Transient, configuration or permanent, for a gRPC status name (``None``: no answer)."""
+def classify_grpc(name: str | None, retry_info: bool = False) -> FailureKind:
+    """Transient, configuration, too large or permanent, for a gRPC status name (``None``: no
+    answer); ``retry_info``: whether the status carried ``RetryInfo``."""
     if name in CONFIG_GRPC:
         return FailureKind.CONFIG
     if name in PERMANENT_GRPC:
         return FailureKind.PERMANENT
+    if name == "RESOURCE_EXHAUSTED" and not retry_info:
+        # "retryable only if the server signals that a recovery from resource exhaustion is
+        # possible" (RetryInfo); without it, most often the request is over the server's size
+        # limit: halving it is the way forward, resending it as is never is.
+        return FailureKind.TOO_LARGE
     return FailureKind.TRANSIENT
 
 
@@ -62,14 +82,21 @@ def export_error(answer: Answer, count: int) -> DeliveryError:
                              retry_after=answer.retry_after)
     if isinstance(status, int):
         kind, shown, meaning = classify_http(status), f"HTTP {status}", CONFIG_HTTP.get(status)
+        if 300 <= status < 400:
+            meaning = (f"redirected to {answer.location or '(no Location)'}, and redirects are "
+                       "not followed (set the endpoint to where the collector is)")
     else:
-        kind, shown, meaning = classify_grpc(status), f"gRPC {status}", CONFIG_GRPC.get(status)
+        kind, shown, meaning = (classify_grpc(status, answer.retry_after is not None),
+                                f"gRPC {status}", CONFIG_GRPC.get(status))
     if kind is FailureKind.CONFIG:
         return DeliveryError(f"OTLP collector answered {shown}: {meaning}; {_CONFIG_HINT}",
                              kind, shown)
     if kind is FailureKind.PERMANENT:
         return DeliveryError(f"OTLP collector rejected the request with {shown}{said}", kind,
                              shown)
+    if kind is FailureKind.TOO_LARGE:
+        return DeliveryError(f"OTLP collector refused a request of {count} records for its "
+                             f"size with {shown}{said}", kind, shown)
     return DeliveryError(f"OTLP log export of {count} records failed ({shown}{said})", kind,
                          shown, retry_after=answer.retry_after)
 

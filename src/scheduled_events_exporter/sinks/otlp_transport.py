@@ -11,13 +11,23 @@ one keep-alive connection,
 ``Content-Type: application/x-protobuf``, gzip when asked, the CA bundle of ``certifi`` unless
 ``..._CERTIFICATE`` names one (as the SDK's ``requests`` session does), a client certificate
 for mutual TLS, and ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` as ``requests`` reads them. No
-redirect is followed (an OTLP endpoint does not move). gRPC: :mod:`.grpc_channel`, imported only
-when a signal uses it (``otlp.transport_for``).
+redirect is followed (an OTLP endpoint does not move; a 3xx is reported with its ``Location``
+as a configuration error, :mod:`.otlp_errors`). A response body is read up to
+:data:`MAX_RESPONSE_BYTES` and no further: an OTLP answer is a few hundred bytes, and a peer
+that streams more is not one. gRPC: :mod:`.grpc_channel`, imported only when a signal uses it
+(``otlp.transport_for``).
+
+Throttling: the delay a collector asks for is read here, in both forms HTTP allows for
+``Retry-After`` (delta-seconds and an HTTP-date) and from gRPC's ``google.rpc.RetryInfo``
+(:func:`rpc_status`), and handed over uncapped; the delivery worker alone caps it and waits
+(``delivery.RETRY_AFTER_CAP``).
 """
 
 from __future__ import annotations
 
+import email.utils
 import gzip
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,15 +36,21 @@ from urllib.parse import urlsplit
 
 import certifi
 import urllib3
+from google.protobuf import (  # type: ignore[import-untyped]
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+)
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 
 #: Sent with every request, so a collector's log can tell us from other clients.
 USER_AGENT = f"azure-scheduled-events-exporter/{__version__}"
-#: The longest Retry-After we honour (a collector asking for more is waited on at the worker's
-#: own backoff instead).
-MAX_RETRY_AFTER = 60.0
+#: The most of a response body read (HTTP); the rest is not read and the connection is closed.
+#: An OTLP response or error status is a few hundred bytes.
+MAX_RESPONSE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +64,11 @@ class Answer:
     rejected: int = 0
     #: The collector's own words (partial success, error status) or the connection error.
     detail: str = ""
-    #: Seconds the collector asked us to wait (``Retry-After``), if it did.
+    #: Seconds the collector asked us to wait (``Retry-After``, gRPC ``RetryInfo``), if it did;
+    #: not capped here (the delivery worker caps it).
     retry_after: float | None = None
+    #: Where a 3xx answer pointed (its ``Location`` header), to say in the warning.
+    location: str = ""
 
 
 class Transport(Protocol):
@@ -85,53 +104,85 @@ def partial_success(response: Any, signal: str) -> tuple[int, str]:
 
 def status_message(body: bytes, content_type: str) -> str:
     """The collector's explanation in an error answer: OTLP/HTTP sends a ``google.rpc.Status``
-    (protobuf; field 2 is the message), some collectors plain text or JSON."""
+    (protobuf), some collectors plain text or JSON."""
     if "protobuf" in content_type:
-        return _status_field_2(body)
+        return rpc_status(body)[0]
     text = body[:300].decode("utf-8", "replace")
     return " ".join(text.split())[:200]
 
 
-def _status_field_2(data: bytes) -> str:
-    """Field 2 (``message``) of a serialized ``google.rpc.Status``; ``""`` if malformed."""
-    i = 0
+def _rpc_classes() -> tuple[Any, Any]:
+    """Message classes with the wire shape of ``google.rpc.Status`` (code 1, message 2, details
+    3 as ``google.protobuf.Any``) and ``google.rpc.RetryInfo`` (retry_delay 1, a
+    ``google.protobuf.Duration``), in a pool of their own. The protos are googleapis-common-
+    protos', not a dependency of ours for two messages; only field numbers and types matter on
+    the wire, so these read what a collector sends."""
+    file = descriptor_pb2.FileDescriptorProto(name="see_rpc_status.proto",
+                                              package="see.rpc", syntax="proto3")
+    types = descriptor_pb2.FieldDescriptorProto
+    optional, repeated = types.LABEL_OPTIONAL, types.LABEL_REPEATED
+    for message, fields in (
+        ("Status", (("code", 1, types.TYPE_INT32, optional, ""),
+                    ("message", 2, types.TYPE_STRING, optional, ""),
+                    ("details", 3, types.TYPE_MESSAGE, repeated, ".see.rpc.Any"))),
+        ("Any", (("type_url", 1, types.TYPE_STRING, optional, ""),
+                 ("value", 2, types.TYPE_BYTES, optional, ""))),
+        ("RetryInfo", (("retry_delay", 1, types.TYPE_MESSAGE, optional, ".see.rpc.Duration"),)),
+        ("Duration", (("seconds", 1, types.TYPE_INT64, optional, ""),
+                      ("nanos", 2, types.TYPE_INT32, optional, ""))),
+    ):
+        proto = file.message_type.add(name=message)
+        for name, number, kind, label, type_name in fields:
+            field = proto.field.add(name=name, number=number, type=kind, label=label)
+            if type_name:  # set only for message fields (an empty one counts as set)
+                field.type_name = type_name
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(file.SerializeToString())
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("see.rpc.Status")),
+            message_factory.GetMessageClass(pool.FindMessageTypeByName("see.rpc.RetryInfo")))
+
+
+_STATUS, _RETRY_INFO = _rpc_classes()
+_RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
+
+
+def rpc_status(data: bytes) -> tuple[str, float | None]:
+    """(message, RetryInfo's delay in seconds or ``None``) of a serialized
+    ``google.rpc.Status`` (an OTLP/HTTP error body, gRPC's ``grpc-status-details-bin``
+    trailer); ``("", None)`` if it is not one."""
+    status = _STATUS()
     try:
-        while i < len(data):
-            key, i = _varint(data, i)
-            field, wire = key >> 3, key & 7
-            if wire == 0:
-                _, i = _varint(data, i)
-            elif wire == 2:
-                size, i = _varint(data, i)
-                if field == 2:
-                    return data[i:i + size].decode("utf-8", "replace")[:200]
-                i += size
-            else:
-                return ""
-    except IndexError:
-        return ""
-    return ""
+        status.ParseFromString(data)
+    except DecodeError:
+        return "", None
+    delay = None
+    for detail in status.details:
+        if detail.type_url == _RETRY_INFO_TYPE:
+            info = _RETRY_INFO()
+            try:
+                info.ParseFromString(detail.value)
+            except DecodeError:
+                continue
+            seconds = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+            delay = seconds if seconds >= 0 else None
+    return str(status.message)[:200], delay
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i
-        shift += 7
-        if shift > 63:
-            raise IndexError("varint too long")
-
-
-def _retry_after(value: str | None) -> float | None:
+def retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds a ``Retry-After`` header asks for: delta-seconds, or an HTTP-date (RFC 9110
+    10.2.3; a date already past means now); ``None`` when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
     try:
-        seconds = float(value) if value else None
-    except ValueError:
-        return None  # an HTTP date: rare from collectors; the worker's backoff applies
-    return None if seconds is None or seconds < 0 else min(seconds, MAX_RETRY_AFTER)
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT; a date without a zone is read so too
+        return None
+    return max(0.0, when.timestamp() - now())
 
 
 class HttpTransport:
@@ -167,28 +218,43 @@ class HttpTransport:
         try:
             response = self._pool.request(
                 "POST", self._url, body=body, headers=self._headers, redirect=False,
-                timeout=urllib3.Timeout(total=timeout), retries=False)
+                timeout=urllib3.Timeout(total=timeout), retries=False, preload_content=False)
+            data = _read_bounded(response)
         except urllib3.exceptions.HTTPError as exc:
             reason = getattr(exc, "reason", None) or exc
             return Answer(False, None, detail=_short(reason))
         content_type = response.headers.get("Content-Type", "")
         if 200 <= response.status < 300:
             rejected, message = 0, ""
-            if response.data and "protobuf" in content_type:
+            if data and "protobuf" in content_type:
                 answer = self._response()
                 try:
-                    answer.ParseFromString(response.data)
+                    answer.ParseFromString(data)
                     rejected, message = partial_success(answer, self._target.signal)
                 except Exception:  # a success whose body we cannot read is still a success
                     pass
             return Answer(True, response.status, rejected, message)
-        return Answer(False, response.status,
-                      detail=status_message(response.data or b"", content_type),
-                      retry_after=_retry_after(response.headers.get("Retry-After")))
+        delay = retry_after(response.headers.get("Retry-After"))
+        if delay is None and "protobuf" in content_type:  # a RetryInfo in the Status body
+            delay = rpc_status(data)[1]
+        return Answer(False, response.status, detail=status_message(data or b"", content_type),
+                      retry_after=delay,
+                      location=" ".join(response.headers.get("Location", "").split())[:200])
 
     def close(self) -> None:
         """Close the kept-alive connection."""
         self._pool.clear()
+
+
+def _read_bounded(response: Any) -> bytes:
+    """At most :data:`MAX_RESPONSE_BYTES` of the body; the connection is kept for the next
+    request only when the body was read to its end."""
+    data: bytes = response.read(MAX_RESPONSE_BYTES + 1)
+    if len(data) > MAX_RESPONSE_BYTES:
+        response.close()  # the rest is never read: this connection cannot be reused
+        return data[:MAX_RESPONSE_BYTES]
+    response.release_conn()
+    return data
 
 
 def _short(error: object) -> str:
