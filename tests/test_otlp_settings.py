@@ -115,3 +115,68 @@ def test_temporality_preference() -> None:
     value, problems = temporality({"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "x"})
     assert value == "cumulative" and problems[0].endswith("expected cumulative, delta or "
                                                           "lowmemory")
+
+
+@pytest.mark.parametrize(("raw", "named"), [
+    ("api key=s3cr3t", "header key 'api key': expected an HTTP token"),
+    ("api%20key=s3cr3t", "header key 'api key': expected an HTTP token"),
+    ("x(y)=s3cr3t", "header key 'x(y)': expected an HTTP token"),
+    ("x-key=s3cr3t%0D%0AX-Injected: 1", "the value of header 'x-key' holds a control"),
+    ("x-key=s3cr3t%00", "the value of header 'x-key' holds a control"),
+    ("x-key=s3cr3t%7F", "the value of header 'x-key' holds a control"),
+    ("x-key=s3cr3t%C3%A9", "the value of header 'x-key' holds a control or non-ASCII"),
+    ("ok=1,x-key=s3%09cr3t", "the value of header 'x-key'"),
+])
+def test_headers_follow_the_baggage_grammar_and_a_problem_names_the_key_only(
+        raw: str, named: str) -> None:
+    # OpenTelemetry specification, exporter.md: OTEL_EXPORTER_OTLP_HEADERS in the W3C Baggage
+    # format (keys are tokens), percent-decoded values; a value becomes an HTTP header or gRPC
+    # metadata value, which holds no control character.
+    _, problems = otlp_target({"OTEL_EXPORTER_OTLP_LOGS_HEADERS": raw}, "logs")
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"OTEL_EXPORTER_OTLP_LOGS_HEADERS: {named}"), problems
+    assert "s3cr3t" not in problems[0]
+
+
+def test_header_values_may_hold_any_printable_ascii_once_decoded() -> None:
+    assert parse_headers("authorization=Bearer%20a.b-c_d~e%2Bf%2F==,x=%22quoted%22") == (
+        ("authorization", "Bearer a.b-c_d~e+f/=="), ("x", '"quoted"'))
+
+
+@pytest.mark.parametrize(("endpoint", "grpc_target"), [
+    ("unix:/run/otel.sock", "unix:/run/otel.sock"),
+    ("unix:///run/otel.sock", "unix:///run/otel.sock"),
+    ("unix-abstract:otel", "unix-abstract:otel"),
+    ("dns:///collector.example:4317", "dns:///collector.example:4317"),
+    ("dns:collector.example:4317", "dns:collector.example:4317"),
+    ("ipv4:10.0.0.1:4317,10.0.0.2:4317", "ipv4:10.0.0.1:4317,10.0.0.2:4317"),
+    ("collector.example:4317", "collector.example:4317"),
+    ("http://collector.example:4317", "collector.example:4317"),
+])
+def test_grpc_takes_every_target_form_of_the_grpc_client(endpoint: str,
+                                                         grpc_target: str) -> None:
+    # exporter.md: the endpoint SHOULD accept any form the gRPC client accepts.
+    found = target(OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+                   OTEL_EXPORTER_OTLP_INSECURE="true")
+    assert (found.grpc_target, found.insecure) == (grpc_target, True)
+    # Over http/protobuf the same text is no URL.
+    _, problems = otlp_target({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}, "logs")
+    assert ("://" in endpoint and endpoint.startswith("http")) or problems
+
+
+def test_an_empty_grpc_name_is_refused() -> None:
+    _, problems = otlp_target({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                               "OTEL_EXPORTER_OTLP_ENDPOINT": "unix://"}, "logs")
+    assert problems == ["OTEL_EXPORTER_OTLP_ENDPOINT='unix://': expected a name after unix: "
+                        "(e.g. unix:///run/otel.sock, dns:///collector:4317)"]
+
+
+def test_a_timeout_of_1000_or_more_is_named_as_milliseconds() -> None:
+    # The specification's unit is milliseconds; this exporter reads seconds, as the Python
+    # SDK does (OTEL_EXPORTER_OTLP_TIMEOUT=10000 would be 2.8 hours).
+    _, problems = otlp_target({"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "10000"}, "metrics")
+    assert problems == ["OTEL_EXPORTER_OTLP_METRICS_TIMEOUT='10000': expected a timeout in "
+                        "seconds (the Python SDK's unit), from 0.001 to 600; 10000 looks like "
+                        "milliseconds (the specification's unit): write 10 for 10 s"]
+    _, problems = otlp_target({"OTEL_EXPORTER_OTLP_TIMEOUT": "900"}, "logs")
+    assert "milliseconds" not in problems[0]

@@ -1,0 +1,384 @@
+"""The OTLP client against the OTLP specification, the real exporter process against scripted
+OTLP/HTTP and OTLP/gRPC peers on loopback (tests/peers/otlp_standin.py). Each test is a row of
+docs/otlp-conformance.md:
+
+* throttling: the delay a 429/503 ``Retry-After`` (both forms) or a gRPC ``RetryInfo`` gives is
+  waited for before the next attempt (the worker's own first backoff is at most 0.5 s, the
+  scripted delays 2-3 s, so the two cannot be mistaken);
+* no head-of-line blocking: a request over the peer's size limit (HTTP 413, gRPC's own
+  ``RESOURCE_EXHAUSTED``) is split, a record too large alone is dead-lettered with one line, and
+  the records behind it flow;
+* a redirect is a configuration error: said once with its ``Location``, in ``/readyz``, the
+  records kept until the endpoint is right;
+* a partial success with nothing rejected but a message is said once;
+* headers checked at start against the Baggage grammar, never shown; gRPC ``unix:`` targets;
+  a timeout that looks like milliseconds named so.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduled_events_exporter.simulator import Simulator
+from tests.exporter_process import (
+    ExporterProcess,
+    answers,
+    clean_env,
+    free_port,
+    get_json,
+    state_dir,
+    wait_until,
+)
+from tests.peers.otlp_standin import (
+    Accepted,
+    OtlpGrpcStandIn,
+    OtlpHttpStandIn,
+    Reply,
+    Request,
+)
+
+VM = "vm-test"
+FAR = "Mon, 11 Apr 2099 22:26:58 GMT"
+SECRET = "s3cr3t-9f2c"
+
+
+def event(event_id: str, status: str = "Scheduled", padding: int = 0) -> dict[str, Any]:
+    """An IMDS event; ``padding`` adds that many bytes of resource names (8 KB each at most,
+    as the parser keeps them), to make its record that large."""
+    filler = [f"{event_id}-r{i:04d}-" + "x" * 8000 for i in range(math.ceil(padding / 8000))]
+    return {
+        "EventId": event_id,
+        "EventStatus": status,
+        "EventType": "Reboot",
+        "ResourceType": "VirtualMachine",
+        "Resources": [VM, *filler],
+        "NotBefore": FAR if status == "Scheduled" else "",
+        "Description": "",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
+
+
+def otlp_env(sim: Simulator, tmp_path: Path, endpoint: str, protocol: str,
+             **more: str) -> dict[str, str]:
+    return clean_env(
+        SEE_IMDS_ENDPOINT=sim.url,
+        SEE_SINKS="otlp",
+        SEE_STATE_DIR=state_dir(tmp_path),
+        SEE_HEALTH_ADDR=f"127.0.0.1:{free_port()}",
+        SEE_POLL_INTERVAL="0.3",
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        **{"OTEL_EXPORTER_OTLP_TIMEOUT": "5", "OTEL_METRICS_EXPORTER": "none", **more},
+    )
+
+
+def dead_letters(tmp_path: Path) -> list[dict[str, Any]]:
+    import json
+
+    path = tmp_path / "state" / "dead-letter.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def seen(accepted: list[Accepted]) -> list[tuple[str, str]]:
+    return [(a.event_id, a.transition) for a in accepted]
+
+
+def readyz(env: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    return get_json(f"http://{env['SEE_HEALTH_ADDR']}/readyz")
+
+
+# --- Throttling --------------------------------------------------------------------------------
+
+def http_date(seconds_ahead: float) -> str:
+    return email.utils.formatdate(time.time() + seconds_ahead, usegmt=True)
+
+
+#: (protocol, the first answer, the least gap before the second attempt)
+THROTTLES = [
+    pytest.param("http/protobuf", lambda: Reply(429, (("Retry-After", http_date(3)),)), 1.9,
+                 id="http-429-http-date"),
+    pytest.param("http/protobuf", lambda: Reply(503, (("Retry-After", http_date(3)),)), 1.9,
+                 id="http-503-http-date"),
+    pytest.param("http/protobuf", lambda: Reply(429, (("Retry-After", "2"),)), 1.9,
+                 id="http-429-delta-seconds"),
+    pytest.param("grpc", lambda: Reply("UNAVAILABLE", retry_info=2.0), 1.9,
+                 id="grpc-unavailable-retry-info"),
+    pytest.param("grpc", lambda: Reply("RESOURCE_EXHAUSTED", retry_info=2.0), 1.9,
+                 id="grpc-resource-exhausted-retry-info"),
+]
+
+
+@pytest.mark.parametrize(("protocol", "throttle", "least_gap"), THROTTLES)
+@pytest.mark.timeout(60)
+def test_a_throttled_request_is_retried_after_the_delay_the_collector_gave(
+        sim: Simulator, tmp_path: Path, protocol: str, throttle: Any, least_gap: float) -> None:
+    # opentelemetry-proto specification.md, "OTLP/HTTP Throttling" / "OTLP/gRPC Throttling":
+    # the client SHOULD wait the Retry-After / RetryInfo delay before retrying.
+    # The answer is made when the request arrives (an HTTP-date counts from then).
+    script = [throttle]
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(lambda ids: script.pop(0)() if script else None) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("T-1")])
+            collector.wait_for(lambda a: ("T-1", "scheduled") in seen(a), 30, "T-1 after the "
+                               "throttled attempt")
+            assert proc.terminate() == 0
+    first, second = collector.log[:2]
+    assert first.verdict is not None and second.verdict is None
+    gap = second.arrival - first.arrival
+    assert gap >= least_gap, f"retried after {gap:.2f} s, the collector asked for more"
+    assert gap < 10, f"retried after {gap:.2f} s"
+    assert dead_letters(tmp_path) == []
+
+
+# --- No head-of-line blocking ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("protocol", "shown"), [
+    ("http/protobuf", "HTTP 413"),
+    ("grpc", "gRPC RESOURCE_EXHAUSTED"),
+])
+@pytest.mark.timeout(90)
+def test_a_request_too_large_is_split_and_a_record_too_large_alone_is_dead_lettered(
+        sim: Simulator, tmp_path: Path, protocol: str, shown: str) -> None:
+    # specification.md, "Failures": an over-size request MUST NOT be retried as is; gRPC's
+    # RESOURCE_EXHAUSTED without RetryInfo is not retryable. The batch is halved; a record that
+    # alone is over the limit is dead-lettered, and the records behind it are delivered.
+    limit = 64 * 1024
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(max_bytes=limit) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            # Three records in one batch: two of 24 KB fit in pairs, not with the 100 KB one.
+            document = [event("SMALL-1", padding=24_000), event("HUGE-1", padding=100_000),
+                        event("SMALL-2", padding=24_000)]
+            sim.set_events(document)
+            collector.wait_for(lambda a: {("SMALL-1", "scheduled"), ("SMALL-2", "scheduled")}
+                               <= set(seen(a)), 30, "both small records")
+            wait_until(lambda: len(dead_letters(tmp_path)) == 1, 20, "the dead letter")
+            # The event behind the refused one: delivered.
+            sim.set_events([*document, event("AFTER-1")])
+            collector.wait_for(lambda a: ("AFTER-1", "scheduled") in seen(a), 30,
+                               "the record after the refused one")
+            assert proc.terminate() == 0
+    assert [e for e, _ in seen(collector.accepted) if e != "HUGE-1"] == [
+        "SMALL-1", "SMALL-2", "AFTER-1"]
+    assert "HUGE-1" not in {e for e, _ in seen(collector.accepted)}
+    (letter,) = dead_letters(tmp_path)
+    assert (letter["event_id"], letter["status"]) == ("HUGE-1", shown)
+    lines = [line for line in proc.stderr_lines if "rejected the record" in line]
+    assert len(lines) == 1, proc.stderr()
+    size = int(re.search(r"about (\d+) bytes", lines[0]).group(1))  # type: ignore[union-attr]
+    assert size > limit and shown in lines[0] and "EventId HUGE-1" in lines[0]
+    # Split, never resent as is: no two refused requests in a row of the same size.
+    if protocol == "http/protobuf":
+        refused = [r.size for r in collector.log if r.verdict == 413]
+        assert len(refused) == len(set(refused)) >= 2, collector.log
+
+
+def _burst(sim: Simulator, tmp_path: Path, protocol: str) -> dict[str, float]:
+    """5 MB of records in two polls against a 1 MiB limit: 7 events of 200 KB and one of
+    1.1 MB, scheduled, then started (an IMDS document holds 4 MiB at most, so the burst takes
+    two). Returns the figures (docs/otlp-conformance.md quotes them)."""
+    limit = 1024 * 1024
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    ids = [f"B-{i:02d}" for i in range(7)]
+    with standin(max_bytes=limit) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            start = time.monotonic()
+            sim.set_events([*(event(i, padding=200_000) for i in ids),
+                            event("BIG", padding=1_100_000)])
+            proc.wait_for(lambda: proc.stderr().count(": azure.scheduled_event.") >= 8, 30,
+                          "8 transitions read")
+            sim.set_events([*(event(i, "Started", padding=200_000) for i in ids),
+                            event("BIG", "Started", padding=1_100_000)])
+            collector.wait_for(lambda a: len(seen(a)) >= 14, 60, "the 14 records that fit")
+            wait_until(lambda: len(dead_letters(tmp_path)) == 2, 20, "BIG dead-lettered twice")
+            elapsed = time.monotonic() - start
+            assert proc.terminate() == 0
+    log: list[Request] = collector.log
+    sent = sum(r.size for r in log if r.verdict is None)
+    return {"seconds": round(elapsed, 2), "requests_seen_by_peer": len(log),
+            "requests_refused_seen_by_peer": sum(1 for r in log if r.verdict is not None),
+            "requests_accepted": sum(1 for r in log if r.verdict is None),
+            "largest_accepted_bytes": max(r.size for r in log if r.verdict is None),
+            "bytes_delivered": sent, "dead_lettered": len(dead_letters(tmp_path)),
+            "records_delivered": len(seen(collector.accepted)),
+            "split_lines": sum(1 for line in proc.stderr_lines
+                               if "refused for its size" in line)}
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.timeout(120)
+def test_a_5_mb_burst_against_a_1_mib_limit_is_delivered_in_splits(
+        sim: Simulator, tmp_path: Path, protocol: str) -> None:
+    figures = _burst(sim, tmp_path, protocol)
+    print(f"\n5 MB burst, {protocol}: {figures}", file=sys.stderr)
+    assert figures["dead_lettered"] == 2
+    assert figures["records_delivered"] == 14
+    assert figures["bytes_delivered"] >= 14 * 200_000
+    assert figures["largest_accepted_bytes"] <= 1024 * 1024
+    # The limit is learnt once: after the first splits, requests pass at the first attempt.
+    assert figures["split_lines"] <= 4, figures
+
+
+# --- Redirects ---------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_redirect_is_a_configuration_error_said_once_and_the_records_wait(
+        sim: Simulator, tmp_path: Path) -> None:
+    moved = {"on": True}
+    location = "https://collector.elsewhere.example/v1/logs"
+    with OtlpHttpStandIn(lambda ids: Reply(308, (("Location", location),))
+                         if moved["on"] else None) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("R-1")])
+            collector.wait_requests(lambda log: len(log) >= 3, 20, "three attempts")
+
+            def warned() -> bool:
+                status, body = readyz(env)
+                return status == 200 and body["warnings"] == ["sink otlp failing"] and \
+                    location in body["sinks"]["otlp"]["config_error"]
+
+            # Ready (SEE_READINESS_INCLUDES has no "sinks"), with the sink in the warnings.
+            wait_until(lambda: answers(f"http://{env['SEE_HEALTH_ADDR']}/readyz") and warned(),
+                       20, "/readyz warning about the redirect")
+            assert readyz(env)[1]["sinks"]["otlp"]["pending"] == 1
+            lines = [line for line in proc.stderr_lines if "HTTP 308" in line]
+            assert len(lines) == 1, proc.stderr()
+            assert f"redirected to {location}" in lines[0]
+            assert "OTEL_EXPORTER_OTLP_ENDPOINT" in lines[0]
+            moved["on"] = False
+            collector.wait_for(lambda a: ("R-1", "scheduled") in seen(a), 60, "R-1 after the fix")
+            assert proc.terminate() == 0
+    assert all(r.verdict in (308, None) for r in collector.log)
+    assert dead_letters(tmp_path) == []
+
+
+def test_a_redirect_gates_readiness_when_sinks_are_included(
+        sim: Simulator, tmp_path: Path) -> None:
+    with OtlpHttpStandIn(lambda ids: Reply(301, (("Location", "http://x.example/"),))
+                         ) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf",
+                       SEE_READINESS_INCLUDES="sinks")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("R-2")])
+            wait_until(lambda: answers(f"http://{env['SEE_HEALTH_ADDR']}/readyz", 503) and
+                       readyz(env)[1]["sinks"]["otlp"]["config_error"] != "", 20,
+                       "not ready for the redirect")
+            assert readyz(env)[1]["reasons"] == ["sink otlp failing"]
+            assert proc.terminate() == 0
+
+
+# --- Partial success ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.timeout(60)
+def test_a_partial_success_with_a_message_and_nothing_rejected_is_said_once(
+        sim: Simulator, tmp_path: Path, protocol: str) -> None:
+    # specification.md, "Partial Success": the client SHOULD surface error_message even when
+    # nothing was rejected (a warning from the server).
+    text = "attribute azure.scheduled_event.x is deprecated"
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(lambda ids: Reply(partial=(0, text))) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("P-1")])
+            collector.wait_for(lambda a: ("P-1", "scheduled") in seen(a), 30, "P-1 scheduled")
+            sim.set_events([])
+            collector.wait_for(lambda a: ("P-1", "cancelled") in seen(a), 30, "P-1 cancelled")
+            assert proc.terminate() == 0
+    lines = [line for line in proc.stderr_lines if text in line]
+    assert len(lines) == 1, proc.stderr()
+    assert "WARNING" in lines[0] and "accepted all 1 records with a warning" in lines[0]
+    assert dead_letters(tmp_path) == []
+
+
+# --- Configuration: headers, gRPC targets, timeout ---------------------------------------------
+
+def check_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduled_events_exporter", "check-config"],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("headers", "named"), [
+    (f"api key={SECRET}", "header key 'api key'"),
+    (f"x-api-key={SECRET}%0D%0AX-Injected:%201", "the value of header 'x-api-key'"),
+])
+@pytest.mark.parametrize("command", ["check-config", "run"])
+@pytest.mark.timeout(60)
+def test_a_malformed_header_stops_the_start_naming_the_key_never_the_value(
+        sim: Simulator, tmp_path: Path, headers: str, named: str, command: str) -> None:
+    # exporter.md: OTEL_EXPORTER_OTLP_HEADERS in the W3C Baggage format (keys are tokens,
+    # values percent-decoded).
+    env = otlp_env(sim, tmp_path, f"http://127.0.0.1:{free_port()}", "http/protobuf",
+                   OTEL_EXPORTER_OTLP_LOGS_HEADERS=headers)
+    done = subprocess.run([sys.executable, "-m", "scheduled_events_exporter", command],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    said = done.stdout + done.stderr
+    assert f"OTEL_EXPORTER_OTLP_LOGS_HEADERS: {named}" in said, said
+    assert SECRET not in said
+
+
+@pytest.mark.timeout(90)
+def test_no_header_value_is_ever_printed(sim: Simulator, tmp_path: Path) -> None:
+    # The collector answers every way that makes the exporter talk: a configuration error, a
+    # redirect, a throttle, a refusal, a partial success; and check-config shows the settings.
+    script = [Reply(401), Reply(308, (("Location", "http://x.example/"),)),
+              Reply(429, (("Retry-After", "0"),)), Reply(400), Reply(partial=(1, "dropped"))]
+    headers = f"authorization=Bearer%20{SECRET},x-tenant={SECRET}-t"
+    with OtlpHttpStandIn(lambda ids: script.pop(0) if script else None) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf",
+                       OTEL_EXPORTER_OTLP_HEADERS=headers, SEE_LOG_LEVEL="DEBUG")
+        shown = check_config(env)
+        assert shown.returncode == 0, shown.stderr
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("H-1"), event("H-2")])
+            collector.wait_for(lambda a: ("H-2", "scheduled") in seen(a), 60, "H-2")
+            assert proc.terminate() == 0
+    assert not script
+    assert "OTEL_EXPORTER_OTLP_HEADERS=" in shown.stdout
+    for text in (shown.stdout, shown.stderr, proc.stderr(), "\n".join(proc.stdout_lines)):
+        assert SECRET not in text
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="unix sockets: the Linux suite")
+@pytest.mark.parametrize("form", ["unix:{path}", "unix://{path}"])
+@pytest.mark.timeout(60)
+def test_a_grpc_unix_socket_target_is_used_as_the_grpc_client_takes_it(
+        sim: Simulator, tmp_path: Path, form: str) -> None:
+    # exporter.md: the gRPC endpoint SHOULD accept any form the gRPC client accepts.
+    path = tmp_path / "otlp.sock"
+    with OtlpGrpcStandIn(address=f"unix:{path}") as collector:
+        env = otlp_env(sim, tmp_path, form.format(path=path), "grpc")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("U-1")])
+            collector.wait_for(lambda a: ("U-1", "scheduled") in seen(a), 30, "U-1 over unix")
+            assert proc.terminate() == 0
+
+
+def test_a_timeout_that_looks_like_milliseconds_is_named_so(sim: Simulator,
+                                                            tmp_path: Path) -> None:
+    env = otlp_env(sim, tmp_path, "http://127.0.0.1:1", "http/protobuf",
+                   OTEL_EXPORTER_OTLP_TIMEOUT="10000")
+    done = check_config(env)
+    assert done.returncode == 2
+    assert ("OTEL_EXPORTER_OTLP_TIMEOUT='10000': expected a timeout in seconds (the Python "
+            "SDK's unit), from 0.001 to 600; 10000 looks like milliseconds (the "
+            "specification's unit): write 10 for 10 s") in done.stdout + done.stderr
