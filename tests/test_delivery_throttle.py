@@ -1,0 +1,58 @@
+"""The delivery worker is the one place a peer's requested delay is capped and waited for
+(``delivery.RETRY_AFTER_CAP``): a ``Retry-After``/``RetryInfo`` beyond it is waited for as long
+as the cap, then the request is tried again. The transports hand the delay over uncapped
+(tests/test_otlp_transport.py); the scripted-peer tests show the waits end to end
+(tests/test_otlp_conformance.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+import pytest
+
+from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
+from scheduled_events_exporter.records import TransitionRecord, make_record
+from scheduled_events_exporter.sinks import delivery
+from scheduled_events_exporter.sinks.base import DeliveryError
+from scheduled_events_exporter.sinks.delivery import DeliveryWorker
+
+VM = InstanceInfo(vm_name="vm-test")
+AT = datetime(2026, 11, 25, tzinfo=timezone.utc)
+
+
+def record(seq: int) -> TransitionRecord:
+    event = ScheduledEvent(f"E{seq}", "Scheduled", "Freeze", "VirtualMachine", ("vm-test",),
+                           None, source="Platform", duration=5)
+    return make_record(Transition(TransitionKind.SCHEDULED, AT, seq, event), VM, seq)
+
+
+@pytest.mark.parametrize(("asked", "least", "most"), [
+    (3600.0, 0.9, 2.5),  # beyond the cap: the cap
+    (0.6, 0.55, 1.0),  # within it: as asked
+])
+def test_a_requested_delay_is_waited_for_up_to_the_one_cap(
+        monkeypatch: pytest.MonkeyPatch, asked: float, least: float, most: float) -> None:
+    monkeypatch.setattr(delivery, "RETRY_AFTER_CAP", 1.0)
+    attempts: list[float] = []
+    done = threading.Event()
+
+    def deliver(records: Sequence[TransitionRecord]) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise DeliveryError("throttled", status="HTTP 429", retry_after=asked)
+        done.set()
+
+    # The worker's own backoff is made negligible, so the wait is the peer's delay alone.
+    worker = DeliveryWorker("otlp", deliver, lambda *_: None, max_records=10,
+                            backoff=(0.01, 0.01))
+    worker.start()
+    try:
+        worker.submit([record(1)])
+        assert done.wait(10), "never retried"
+    finally:
+        worker.stop(2)
+    gap = attempts[1] - attempts[0]
+    assert least <= gap <= most, gap
