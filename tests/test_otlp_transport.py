@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import ipaddress
+import re
 import ssl
 import sys
 import threading
@@ -124,7 +125,8 @@ def test_http_sends_the_protobuf_gzipped_with_the_headers_and_reads_partial_succ
     assert seen.headers["content-type"] == "application/x-protobuf"
     assert seen.headers["content-encoding"] == "gzip"
     assert (seen.headers["api-key"], seen.headers["x-tenant"]) == ("k1", "t")
-    assert seen.headers["user-agent"].startswith("azure-scheduled-events-exporter/")
+    assert re.fullmatch(r"azure-scheduled-events-exporter/\S+ Python/3\.\d+",
+                        seen.headers["user-agent"]), seen.headers["user-agent"]
     received = ExportLogsServiceRequest()
     received.ParseFromString(gzip.decompress(seen.body))
     assert received == REQUEST
@@ -403,3 +405,12 @@ def test_grpc_takes_every_target_form_the_grpc_client_does(tmp_path: Path, form:
         finally:
             transport.close()
         assert (answer.ok, answer.status) == (True, "OK"), (endpoint, answer)
+
+
+def test_http_a_success_too_large_to_read_is_still_a_success_and_says_so(http: Server) -> None:
+    http.replies.append((200, {"Content-Type": "application/x-protobuf"},
+                         b"\x0a" + b"x" * (2 * MAX_RESPONSE_BYTES)))
+    answer = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs")).send(REQUEST, 5)
+    assert (answer.ok, answer.rejected) == (True, 0)
+    assert answer.detail == (f"the response body was larger than {MAX_RESPONSE_BYTES} bytes "
+                             "and was discarded unread")

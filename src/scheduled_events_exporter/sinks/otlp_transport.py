@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import email.utils
 import gzip
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -46,8 +47,11 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 
-#: Sent with every request, so a collector's log can tell us from other clients.
-USER_AGENT = f"azure-scheduled-events-exporter/{__version__}"
+#: Sent with every request, so a collector's log can tell us from other clients: the exporter,
+#: its version and its language, as the specification's "User Agent" section asks (RFC 9110
+#: product tokens).
+USER_AGENT = (f"azure-scheduled-events-exporter/{__version__} "
+              f"Python/{sys.version_info.major}.{sys.version_info.minor}")
 #: The most of a response body read (HTTP); the rest is not read and the connection is closed.
 #: An OTLP response or error status is a few hundred bytes.
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -226,7 +230,12 @@ class HttpTransport:
         content_type = response.headers.get("Content-Type", "")
         if 200 <= response.status < 300:
             rejected, message = 0, ""
-            if data and "protobuf" in content_type:
+            if len(data) > MAX_RESPONSE_BYTES:
+                # Accepted (the status says so: resending would duplicate), but the answer is
+                # not read: the specification's response limit. Said as the collector's warning.
+                message = (f"the response body was larger than {MAX_RESPONSE_BYTES} bytes and "
+                           "was discarded unread")
+            elif data and "protobuf" in content_type:
                 answer = self._response()
                 try:
                     answer.ParseFromString(data)
@@ -247,12 +256,13 @@ class HttpTransport:
 
 
 def _read_bounded(response: Any) -> bytes:
-    """At most :data:`MAX_RESPONSE_BYTES` of the body; the connection is kept for the next
-    request only when the body was read to its end."""
+    """At most :data:`MAX_RESPONSE_BYTES` + 1 bytes of the body (more than the bound: it was
+    cut); the connection is kept for the next request only when the body was read to its
+    end."""
     data: bytes = response.read(MAX_RESPONSE_BYTES + 1)
     if len(data) > MAX_RESPONSE_BYTES:
         response.close()  # the rest is never read: this connection cannot be reused
-        return data[:MAX_RESPONSE_BYTES]
+        return data  # one byte over: the caller can tell it was cut
     response.release_conn()
     return data
 
