@@ -6,6 +6,7 @@ as the cap, then the request is tried again. The transports hand the delay over 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -56,3 +57,30 @@ def test_a_requested_delay_is_waited_for_up_to_the_one_cap(
         worker.stop(2)
     gap = attempts[1] - attempts[0]
     assert least <= gap <= most, gap
+
+
+def test_without_a_requested_delay_the_wait_doubles_to_its_cap_with_jitter() -> None:
+    # The exporter specification, "Retry": exponential back-off with jitter. Each wait is
+    # drawn from [b/2, b] ("equal jitter" on the worker's scale), b doubling up to the cap.
+    attempts: list[float] = []
+    done = threading.Event()
+
+    def deliver(records: Sequence[TransitionRecord]) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) < 7:
+            raise DeliveryError("collector unreachable")
+        done.set()
+
+    worker = DeliveryWorker("otlp", deliver, lambda *_: None, max_records=10,
+                            backoff=(0.08, 0.32))
+    worker.start()
+    try:
+        worker.submit([record(1)])
+        assert done.wait(20), "never delivered"
+    finally:
+        worker.stop(2)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    for gap, ceiling in zip(gaps, [0.08, 0.16, 0.32, 0.32, 0.32, 0.32], strict=True):
+        # Lower bound exact; the upper one leaves room for a loaded machine.
+        assert ceiling / 2 - 0.005 <= gap <= ceiling + 0.25, (gaps, ceiling)
+    assert len({round(g, 3) for g in gaps[2:]}) > 1, f"no jitter: {gaps}"

@@ -125,7 +125,7 @@ THROTTLES = [
 @pytest.mark.timeout(60)
 def test_a_throttled_request_is_retried_after_the_delay_the_collector_gave(
         sim: Simulator, tmp_path: Path, protocol: str, throttle: Any, least_gap: float) -> None:
-    # opentelemetry-proto specification.md, "OTLP/HTTP Throttling" / "OTLP/gRPC Throttling":
+    # The OTLP specification, "OTLP/HTTP Throttling" / "OTLP/gRPC Throttling":
     # the client SHOULD wait the Retry-After / RetryInfo delay before retrying.
     # The answer is made when the request arrives (an HTTP-date counts from then).
     script = [throttle]
@@ -154,7 +154,7 @@ def test_a_throttled_request_is_retried_after_the_delay_the_collector_gave(
 @pytest.mark.timeout(90)
 def test_a_request_too_large_is_split_and_a_record_too_large_alone_is_dead_lettered(
         sim: Simulator, tmp_path: Path, protocol: str, shown: str) -> None:
-    # specification.md, "Failures": an over-size request MUST NOT be retried as is; gRPC's
+    # The OTLP specification, "Failures": an over-size request is not retried as is; gRPC's
     # RESOURCE_EXHAUSTED without RetryInfo is not retryable. The batch is halved; a record that
     # alone is over the limit is dead-lettered, and the records behind it are delivered.
     limit = 64 * 1024
@@ -291,8 +291,8 @@ def test_a_redirect_gates_readiness_when_sinks_are_included(
 @pytest.mark.timeout(60)
 def test_a_partial_success_with_a_message_and_nothing_rejected_is_said_once(
         sim: Simulator, tmp_path: Path, protocol: str) -> None:
-    # specification.md, "Partial Success": the client SHOULD surface error_message even when
-    # nothing was rejected (a warning from the server).
+    # The OTLP specification, "Partial Success": a server MAY convey a warning in
+    # error_message with nothing rejected; the client shows it.
     text = "attribute azure.scheduled_event.x is deprecated"
     standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
     with standin(lambda ids: Reply(partial=(0, text))) as collector:
@@ -303,6 +303,8 @@ def test_a_partial_success_with_a_message_and_nothing_rejected_is_said_once(
             sim.set_events([])
             collector.wait_for(lambda a: ("P-1", "cancelled") in seen(a), 30, "P-1 cancelled")
             assert proc.terminate() == 0
+    # Accepted: neither request was sent again (a partial success MUST NOT be retried).
+    assert [r.verdict for r in collector.log] == [None, None], collector.log
     lines = [line for line in proc.stderr_lines if text in line]
     assert len(lines) == 1, proc.stderr()
     assert "WARNING" in lines[0] and "accepted all 1 records with a warning" in lines[0]
@@ -324,8 +326,8 @@ def check_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(60)
 def test_a_malformed_header_stops_the_start_naming_the_key_never_the_value(
         sim: Simulator, tmp_path: Path, headers: str, named: str, command: str) -> None:
-    # exporter.md: OTEL_EXPORTER_OTLP_HEADERS in the W3C Baggage format (keys are tokens,
-    # values percent-decoded).
+    # The exporter specification: OTEL_EXPORTER_OTLP_HEADERS in the W3C Baggage format (keys
+    # are tokens, values percent-decoded).
     env = otlp_env(sim, tmp_path, f"http://127.0.0.1:{free_port()}", "http/protobuf",
                    OTEL_EXPORTER_OTLP_LOGS_HEADERS=headers)
     done = subprocess.run([sys.executable, "-m", "scheduled_events_exporter", command],
@@ -363,7 +365,7 @@ def test_no_header_value_is_ever_printed(sim: Simulator, tmp_path: Path) -> None
 @pytest.mark.timeout(60)
 def test_a_grpc_unix_socket_target_is_used_as_the_grpc_client_takes_it(
         sim: Simulator, tmp_path: Path, form: str) -> None:
-    # exporter.md: the gRPC endpoint SHOULD accept any form the gRPC client accepts.
+    # The exporter specification: the gRPC endpoint SHOULD accept any form the gRPC client accepts.
     path = tmp_path / "otlp.sock"
     with OtlpGrpcStandIn(address=f"unix:{path}") as collector:
         env = otlp_env(sim, tmp_path, form.format(path=path), "grpc")
@@ -382,3 +384,36 @@ def test_a_timeout_that_looks_like_milliseconds_is_named_so(sim: Simulator,
     assert ("OTEL_EXPORTER_OTLP_TIMEOUT='10000': expected a timeout in seconds (the Python "
             "SDK's unit), from 0.001 to 600; 10000 looks like milliseconds (the "
             "specification's unit): write 10 for 10 s") in done.stdout + done.stderr
+
+
+# --- The table itself ---------------------------------------------------------------------------
+
+def test_the_conformance_table_counts_and_tests_hold() -> None:
+    """docs/otlp-conformance.md: its counts are the table's, and every test it names exists."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "otlp-conformance.md").read_text()
+    rows = re.findall(r"^\| ([A-Z]\d+) \| (MUST NOT|MUST|SHOULD) \| [^|]+\| ([^|]+)\|([^|]+)\|"
+                      r"([^|]+)\|$", doc, re.M)
+    counts: dict[tuple[str, str], int] = {}
+    for _, level, what, _, _ in rows:
+        status = ("not applicable" if "Not applicable" in what else "not met"
+                  if "**Not met**" in what else "another way"
+                  if re.search(r"\*\*another way\*\*", what, re.I) else "met")
+        key = ("MUST" if level.startswith("MUST") else "SHOULD", status)
+        counts[key] = counts.get(key, 0) + 1
+    for level, label in (("MUST", "MUST / MUST NOT"), ("SHOULD", "SHOULD")):
+        numbers = r" \| (\d+)" * 5
+        line = re.search(rf"^\| {re.escape(label)}{numbers} \|$", doc, re.M)
+        assert line, label
+        said = [int(x) for x in line.groups()]
+        found = [counts.get((level, s), 0)
+                 for s in ("met", "another way", "not met", "not applicable")]
+        assert said == [sum(found), *found], (label, said, found)
+    marked = doc.count("**SDK differs**") - 1  # the explanation names the mark once
+    assert re.search(rf"differ from ours in {marked} rows", doc), marked
+    tests_dir = Path(__file__).parent
+    for file, name in set(re.findall(r"`?(test_\w+\.py)::(test_\w+)", doc)) | {
+            (m.group(1), n) for m in re.finditer(r"`(test_\w+\.py)::test_\w+`((?:, `::test_\w+`)+)",
+                                                 doc)
+            for n in re.findall(r"::(test_\w+)", m.group(2))}:
+        source = (tests_dir / file).read_text()
+        assert f"def {name}(" in source, f"{file}::{name} named in the table does not exist"

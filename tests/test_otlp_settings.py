@@ -129,7 +129,7 @@ def test_temporality_preference() -> None:
 ])
 def test_headers_follow_the_baggage_grammar_and_a_problem_names_the_key_only(
         raw: str, named: str) -> None:
-    # OpenTelemetry specification, exporter.md: OTEL_EXPORTER_OTLP_HEADERS in the W3C Baggage
+    # The OTLP exporter specification: OTEL_EXPORTER_OTLP_HEADERS in the W3C Baggage
     # format (keys are tokens), percent-decoded values; a value becomes an HTTP header or gRPC
     # metadata value, which holds no control character.
     _, problems = otlp_target({"OTEL_EXPORTER_OTLP_LOGS_HEADERS": raw}, "logs")
@@ -155,7 +155,7 @@ def test_header_values_may_hold_any_printable_ascii_once_decoded() -> None:
 ])
 def test_grpc_takes_every_target_form_of_the_grpc_client(endpoint: str,
                                                          grpc_target: str) -> None:
-    # exporter.md: the endpoint SHOULD accept any form the gRPC client accepts.
+    # The exporter specification: the endpoint SHOULD accept any form the gRPC client accepts.
     found = target(OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
                    OTEL_EXPORTER_OTLP_INSECURE="true")
     assert (found.grpc_target, found.insecure) == (grpc_target, True)
