@@ -180,3 +180,19 @@ def test_a_timeout_of_1000_or_more_is_named_as_milliseconds() -> None:
                         "milliseconds (the specification's unit): write 10 for 10 s"]
     _, problems = otlp_target({"OTEL_EXPORTER_OTLP_TIMEOUT": "900"}, "logs")
     assert "milliseconds" not in problems[0]
+
+
+@pytest.mark.parametrize(("key", "named"), [
+    ("a!b", "header key 'a!b': expected only letters, digits"),
+    ("x-id-bin", "header key 'x-id-bin': a '-bin' or 'grpc-' key"),
+    ("grpc-timeout", "header key 'grpc-timeout': a '-bin' or 'grpc-' key"),
+])
+def test_over_grpc_a_header_key_must_be_a_metadata_key(key: str, named: str) -> None:
+    # gRPC refuses such a key on every call (INTERNAL, or a TypeError for "-bin"): at start
+    # instead. Over HTTP the same key is a valid token.
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": f"{key}=s3cr3t"}
+    _, problems = otlp_target({**env, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "logs")
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"OTEL_EXPORTER_OTLP_HEADERS: {named}"), problems
+    assert "s3cr3t" not in problems[0]
+    assert otlp_target(env, "logs")[1] == []

@@ -120,6 +120,22 @@ def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(headers)
 
 
+def _grpc_metadata_problems(headers: tuple[tuple[str, str], ...]) -> list[str]:
+    """gRPC metadata takes fewer keys than HTTP (gRPC's PROTOCOL-HTTP2: ``0-9 a-z _ - .``);
+    ``-bin`` keys carry bytes and ``grpc-`` ones are gRPC's own. Refused at start, since gRPC
+    would refuse every call (``INTERNAL``, or a ``TypeError``)."""
+    allowed = frozenset("0123456789abcdefghijklmnopqrstuvwxyz_-.")
+    problems = []
+    for key, _ in headers:
+        if not set(key) <= allowed:
+            problems.append(f"header key {key[:60]!r}: expected only letters, digits, '-', "
+                            "'_' and '.' over gRPC (metadata keys)")
+        elif key.endswith("-bin") or key.startswith("grpc-"):
+            problems.append(f"header key {key[:60]!r}: a '-bin' or 'grpc-' key cannot be "
+                            "set from the environment over gRPC")
+    return problems
+
+
 def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
                 ) -> tuple[OtlpTarget, list[str]]:
     """The target of ``signal`` (``logs`` or ``metrics``) and the problems found
@@ -159,6 +175,8 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
         headers = parse_headers(raw)
     except HeaderError as exc:
         problems.append(f"{name}: {exc}")
+    if protocol == "grpc":
+        problems.extend(f"{name}: {problem}" for problem in _grpc_metadata_problems(headers))
 
     name, raw = _pick(env, signal, "TIMEOUT")
     timeout = DEFAULT_TIMEOUT
