@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 
 from scheduled_events_exporter.platforms.files import write_all
 from scheduled_events_exporter.sinks.base import FailureKind
-from scheduled_events_exporter.sinks.otlp_errors import classify_grpc, classify_http, export_error
+from scheduled_events_exporter.sinks.otlp_errors import (
+    classify_grpc,
+    classify_http,
+    describe,
+    export_error,
+)
 from scheduled_events_exporter.sinks.otlp_transport import Answer
 from scheduled_events_exporter.write_faults import describe_os_error
 
@@ -74,6 +79,9 @@ def test_a_redirect_names_the_status_and_where_it_points() -> None:
     assert moved.kind is C and moved.status == "HTTP 308"
     assert "redirected to https://elsewhere.example/v1/logs" in str(moved)
     assert "not followed" in str(moved)
+    # A metric export says it the same way.
+    assert describe(Answer(False, 307, location="http://x.example/")) == (
+        "HTTP 307 to http://x.example/ (redirects are not followed)")
 
 
 def test_export_error_messages_name_the_status_and_what_to_check() -> None:

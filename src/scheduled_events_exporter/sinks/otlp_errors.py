@@ -106,4 +106,6 @@ def describe(answer: Answer) -> str:
     if answer.status is None:
         return f"no answer ({answer.detail or 'collector unreachable or timed out'})"
     shown = f"HTTP {answer.status}" if isinstance(answer.status, int) else f"gRPC {answer.status}"
+    if answer.location:  # a redirect: where to, since it is not followed
+        shown = f"{shown} to {answer.location} (redirects are not followed)"
     return f"{shown}: {answer.detail}" if answer.detail else shown
