@@ -506,6 +506,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(f"{_OTLP}PROTOCOL", per_signal=True, when=lambda c: "otlp" in c.sinks,
             show=lambda c: c.otlp_protocol),
     Setting(f"{_OTLP}HEADERS", per_signal=True, secret=True),
+    # Seconds, as the Python SDK reads it (the specification says milliseconds; 1000 or more
+    # is refused as probably milliseconds): otlp_settings.
     Setting(f"{_OTLP}TIMEOUT", per_signal=True),
     Setting(f"{_OTLP}COMPRESSION", per_signal=True),
     Setting(f"{_OTLP}CERTIFICATE", per_signal=True),
