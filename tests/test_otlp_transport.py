@@ -315,6 +315,7 @@ def status_with_retry_info(code: int, message: str, delay: float) -> bytes:
 def test_retry_after_reads_delta_seconds_and_an_http_date() -> None:
     now = datetime.datetime(2026, 10, 21, 7, 27, 52, tzinfo=datetime.timezone.utc).timestamp()
     assert retry_after("120", lambda: now) == 120.0
+    assert retry_after(" 2.5 ", lambda: now) == 2.5
     assert retry_after("Wed, 21 Oct 2026 07:28:00 GMT", lambda: now) == 8.0
     assert retry_after("Wed, 21 Oct 2026 07:27:00 GMT", lambda: now) == 0.0  # already past
     for unreadable in ("", None, "-3", "1.5e9", "tomorrow", "Wed, 21 Oct 2026 07:28:00"):

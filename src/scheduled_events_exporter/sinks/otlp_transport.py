@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import email.utils
 import gzip
+import re
 import sys
 import time
 import urllib.request
@@ -173,12 +174,12 @@ def rpc_status(data: bytes) -> tuple[str, float | None]:
 
 
 def retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds a ``Retry-After`` header asks for: delta-seconds, or an HTTP-date (RFC 9110
-    10.2.3; a date already past means now); ``None`` when absent or unreadable."""
+    """Seconds a ``Retry-After`` header asks for: delta-seconds, or an HTTP-date (RFC 9110,
+    "Retry-After"; a date already past means now); ``None`` when absent or unreadable."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if re.fullmatch(r"\d+(\.\d+)?", value):  # delta-seconds (a fraction tolerated, as before)
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
