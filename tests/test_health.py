@@ -104,3 +104,12 @@ def test_liveness_ignores_everything_downstream_and_imds_staleness() -> None:
                            faults=(STATE_FAULT,)))[0]
     ok, body = liveness(inputs(last_tick_age=1000.0))
     assert not ok and body["status"] == "stalled"
+
+
+def test_a_sink_refused_for_its_configuration_says_what_to_fix() -> None:
+    # A redirect or a refused credential is not a slow collector: the warning says so.
+    ok, body = readiness(inputs(sinks=(sink("otlp", config_error="OTLP collector answered "
+                                            "HTTP 308: redirected to https://x.example/"),)))
+    assert ok
+    assert body["warnings"] == ["sink otlp failing: OTLP collector answered HTTP 308: "
+                                "redirected to https://x.example/"]

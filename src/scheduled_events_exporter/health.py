@@ -92,7 +92,9 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     for status in statuses:
         is_failing = status.oldest_wait > inputs.staleness_limit or bool(status.config_error)
         if is_failing:
-            failing.append(status.name)
+            # A configuration error (a refused credential, a redirect) says what to fix.
+            failing.append(f"sink {status.name} failing" + (
+                f": {status.config_error}" if status.config_error else ""))
         faults.extend(status.write_faults)
         sinks[status.name] = {
             "pending": status.pending,
@@ -116,7 +118,7 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
             else f"last good IMDS document {age:.1f} s ago"
         )
     downstream = {
-        "sinks": [f"sink {name} failing" for name in failing],
+        "sinks": failing,
         "storage": [f"cannot write {f.file}: {f.error}" for f in faults],
     }
     warnings: list[str] = []
