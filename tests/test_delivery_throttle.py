@@ -84,3 +84,34 @@ def test_without_a_requested_delay_the_wait_doubles_to_its_cap_with_jitter() -> 
         # Lower bound exact; the upper one leaves room for a loaded machine.
         assert ceiling / 2 - 0.005 <= gap <= ceiling + 0.25, (gaps, ceiling)
     assert len({round(g, 3) for g in gaps[2:]}) > 1, f"no jitter: {gaps}"
+
+
+def test_a_metric_export_is_not_sent_while_the_collectors_pause_lasts() -> None:
+    # Metrics are not retried (the next export reads them again), but the exporter throttles
+    # itself all the same: no export inside the pause a collector asked for.
+    from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+
+    from scheduled_events_exporter.otlp_settings import OtlpTarget
+    from scheduled_events_exporter.sinks.otlp import OtlpMetricExporter
+    from tests.test_otlp_transport import serve
+
+    now = [100.0]
+    failures: list[tuple[str, str, int]] = []
+    for server in serve():
+        server.replies.append((429, {"Retry-After": "3600"}, b""))
+        exporter = OtlpMetricExporter(
+            OtlpTarget("metrics", endpoint=f"http://127.0.0.1:{server.port}/v1/metrics",
+                       timeout=5.0), "otlp", lambda *f: failures.append(f),
+            clock=lambda: now[0])
+        empty = MetricsData(resource_metrics=[])
+        try:
+            assert exporter.export(empty) is MetricExportResult.FAILURE  # the 429
+            now[0] += 30
+            assert exporter.export(empty) is MetricExportResult.FAILURE  # paused: not sent
+            assert len(server.seen) == 1
+            now[0] += delivery.RETRY_AFTER_CAP  # the pause, capped once, is over
+            assert exporter.export(empty) is MetricExportResult.SUCCESS
+            assert len(server.seen) == 2
+        finally:
+            exporter.shutdown()
+    assert failures == [("otlp", "metrics", 1)] * 2

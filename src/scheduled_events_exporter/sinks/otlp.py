@@ -16,7 +16,8 @@ start-up), and its channels, with the gRPC core's threads, exist only around exp
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics import (
@@ -39,7 +40,7 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.base import FailureCounter
-from scheduled_events_exporter.sinks.delivery import WorkerSink
+from scheduled_events_exporter.sinks.delivery import RETRY_AFTER_CAP, WorkerSink
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.sinks.otlp_errors import describe, export_error
 from scheduled_events_exporter.sinks.otlp_proto import as_json, logs_request, metrics_request
@@ -78,8 +79,14 @@ class OtlpMetricExporter(MetricExporter):
 
     def __init__(self, target: OtlpTarget, sink: str, count_failure: FailureCounter,
                  extra: ExtraMetrics = list,
-                 temporality: dict[type, AggregationTemporality] | None = None) -> None:
+                 temporality: dict[type, AggregationTemporality] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(preferred_temporality=temporality)
+        self._clock = clock
+        # Until then no export is sent: the collector asked for a pause (Retry-After,
+        # RetryInfo), capped as the delivery worker caps it. The specification: the client
+        # MUST throttle itself; metrics are read again at the next export anyway.
+        self._quiet_until = 0.0
         self._target = target
         self._transport = transport_for(target)
         self._sink = sink
@@ -91,7 +98,11 @@ class OtlpMetricExporter(MetricExporter):
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
-        """Send once, within ``timeout_millis`` and the target's own timeout."""
+        """Send once, within ``timeout_millis`` and the target's own timeout (nothing while
+        the collector's requested pause lasts)."""
+        if self._clock() < self._quiet_until:
+            self._count_failure(self._sink, "metrics", 1)
+            return MetricExportResult.FAILURE
         try:
             request = metrics_request(add_metrics(metrics_data, self._extra()))
             answer = self._transport.send(
@@ -112,6 +123,8 @@ class OtlpMetricExporter(MetricExporter):
                 self._warned.clear()
             self._failing.clear()
             return MetricExportResult.SUCCESS
+        if answer.retry_after is not None:
+            self._quiet_until = self._clock() + min(answer.retry_after, RETRY_AFTER_CAP)
         if self._failing.hit():
             log.error("sink %s: metric export failed: %s (metrics are read and sent again at "
                       "the next change or heartbeat)", self._sink, describe(answer))
