@@ -420,3 +420,40 @@ def test_sidecar_examples_never_gate_the_application() -> None:
                        .read_text(encoding="utf-8"))
     (sidecar,) = pod_spec(job)["initContainers"]
     assert sidecar["restartPolicy"] == "Always" and pod_spec(job)["restartPolicy"] == "Never"
+
+
+# --- upgrades and rollbacks (docs/kubernetes.md, "Upgrades and rollbacks") ---------------------
+
+def test_the_schema_refuses_a_surge_two_exporters_would_share_a_directory_in() -> None:
+    for surge in ("1", "10%"):
+        done = helm("template", "x", str(CHART), "--set-string",
+                    f"updateStrategy.rollingUpdate.maxSurge={surge}", check=False)
+        assert done.returncode != 0 and "/updateStrategy/rollingUpdate/maxSurge" in done.stderr
+    (daemonset,) = [d for d in rendered(None) if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+def state_of(docs: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """Where the exporter keeps its state: the volume, its mount, SEE_STATE_DIR."""
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = pod_spec(daemonset)
+    container = exporter(docs)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "state"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "state"]
+    return volume, mount["mountPath"], env_of(container)["SEE_STATE_DIR"]["value"]
+
+
+@pytest.mark.parametrize("values", [None, "emptydir-state"])
+def test_upgrading_from_and_rolling_back_to_a_released_chart_keeps_the_state_path(
+        values: str | None, tmp_path: Path) -> None:
+    """``helm upgrade`` from the released chart, and ``helm rollback`` to it, keep the node's
+    state directory: both renders put the same volume at the same path."""
+    from tests.compat.released import RELEASES, release_source
+
+    for version in RELEASES:
+        old_chart = release_source(version, tmp_path, "charts") / "charts" / CHART.name
+        values_file = CHART / "ci" / f"{values}-values.yaml" if values else None
+        old = documents(helm("template", "see", str(old_chart), "--namespace",
+                             "scheduled-events", "--kube-version", KUBE_VERSION,
+                             *(["-f", str(values_file)] if values_file else [])).stdout)
+        assert state_of(old) == state_of(rendered(values_file)), version
