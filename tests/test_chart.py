@@ -351,6 +351,20 @@ def test_notes_say_how_to_build_the_image_until_a_release_is_tagged() -> None:
     assert "No release has been tagged yet" not in own
 
 
+def test_notes_give_the_subject_of_the_federated_credential() -> None:
+    wi = notes("-f", str(CHART / "ci" / "eventhubs-workload-identity-values.yaml"))
+    assert "system:serviceaccount:ops:see-azure-scheduled-events-exporter" in wi
+    named = notes("-f", str(CHART / "ci" / "eventhubs-workload-identity-values.yaml"),
+                  "--set", "serviceAccount.name=scheduled-events-exporter")
+    assert "system:serviceaccount:ops:scheduled-events-exporter " in named
+    # The subject is exactly the service account the pods run as.
+    docs = rendered(CHART / "ci" / "eventhubs-workload-identity-values.yaml", "--namespace", "ops",
+                    "--set", "serviceAccount.name=scheduled-events-exporter")
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert pod_spec(daemonset)["serviceAccountName"] == "scheduled-events-exporter"
+    assert "system:serviceaccount" not in notes()
+
+
 def test_notes_point_to_host_networking_when_imds_cannot_answer() -> None:
     default = notes()
     assert "--enable-imds-restriction" in default
