@@ -469,3 +469,24 @@ def test_run_gives_the_same_warnings_at_start() -> None:
     with ExporterProcess(env) as proc:
         proc.wait_for(lambda: all(line in proc.stderr_lines for line in checked), 20,
                       "the warnings check-config gives")
+
+
+def test_a_bare_check_config_says_the_units_file_was_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from scheduled_events_exporter import cli
+
+    unit_file = tmp_path / "env"  # stands in for /etc/scheduled-events-exporter/env
+    monkeypatch.setattr(cli, "SYSTEMD_ENV_FILE", str(unit_file))
+    for name in [n for n in os.environ if n.startswith(("SEE_", "OTEL_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SEE_STATE_DIR", "")
+    assert cli.main(["check-config"]) == 0
+    assert capsys.readouterr().err == ""
+    unit_file.write_text("SEE_SINKS=otlp\n", encoding="utf-8")
+    assert cli.main(["check-config"]) == 0
+    assert capsys.readouterr().err == (
+        f"configuration warning: {unit_file} exists and was not read: the service reads it, this "
+        f"check did not; expected check-config --env-file {unit_file}\n")
+    assert cli.main(["check-config", "--env-file", str(unit_file)]) == 0
+    assert capsys.readouterr().err == ""
