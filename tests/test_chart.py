@@ -140,13 +140,9 @@ def test_an_extra_variable_replaces_the_charts_own_in_place() -> None:
     (["--set", "hostNetwork=maybe"], "/hostNetwork"),
     (["--set", "state.type=pvc"], "/state/type"),
     (["--set-json", "config.pollInterval=0.01"], "/config/pollInterval"),
-    (["--set", "image.digest=latest"], "/image/digest"),
     (["--set", "config.pollInterval=fast"], "/config/pollInterval"),
-    (["--set", "eventhubs.workloadIdentity.namespace=myns"],
-     "/eventhubs/workloadIdentity/namespace"),
 ], ids=["misspelt key", "misspelt nested key", "port as text", "bool as text", "unknown state",
-        "poll too fast", "digest not a digest", "poll not a number",
-        "namespace not fully qualified"])
+        "poll too fast", "poll not a number"])
 def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
     done = helm("template", "x", str(CHART), *args, check=False)
     assert done.returncode != 0 and says in done.stderr, done.stderr
@@ -166,9 +162,25 @@ def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
     (["--set", "config.shutdownTimeout=28"], "must be above config.shutdownTimeout (28) + 5"),
     (["--set", "config.pollInterval=0.01"], "config.pollInterval=0.01: expected a number of "
      "seconds from 0.2 to 3600"),
+    # A text field of a given form says what to write, not which regular expression failed.
+    (["--set", "image.digest=latest"], 'image.digest="latest": expected sha256: and 64 hex '
+     "digits, or empty to pull by tag"),
+    (["--set", "eventhubs.workloadIdentity.namespace=myns"],
+     'eventhubs.workloadIdentity.namespace="myns": expected the fully qualified namespace, e.g. '
+     "myns.servicebus.windows.net"),
+    (["--set", "otlp.enabled=true", "--set", "otlp.endpoint=collector:4318"],
+     'otlp.endpoint="collector:4318": expected the collector\'s URL with its scheme'),
+    (["--set", "config.imdsEndpoint=169.254.169.254"],
+     'config.imdsEndpoint="169.254.169.254": expected an http:// URL'),
+    (["--set", "state.hostPath=var/lib/x"], 'state.hostPath="var/lib/x": expected an absolute'),
+    (["--set-string", "podMonitor.interval=30"], 'podMonitor.interval="30": expected a duration'),
+    (["--set", "serviceMonitor.interval=1 minute"],
+     'serviceMonitor.interval="1 minute": expected a duration'),
 ], ids=["no credential", "two credentials", "identity incomplete", "no sink", "one port",
         "extraEnv twice", "monitor without service", "otlp metrics without otlp",
-        "grace too short", "poll too fast as text"])
+        "grace too short", "poll too fast as text", "digest not a digest",
+        "namespace not fully qualified", "endpoint without scheme", "imds endpoint bare",
+        "relative host path", "interval without unit", "interval in words"])
 
 def test_the_chart_says_what_to_set(args: list[str], says: str) -> None:
     done = helm("template", "x", str(CHART), *args, check=False)
@@ -295,6 +307,73 @@ def test_notes_say_what_was_installed_and_how_to_see_the_first_records() -> None
     assert "Sinks: console" in notes and "State: hostPath" in notes
     assert "kubectl -n ops logs -l app.kubernetes.io/instance=see" in notes
     assert "/readyz" in notes
+
+
+def test_no_scrape_annotations_while_a_monitor_scrapes() -> None:
+    def annotations(*args: str) -> dict[str, str]:
+        (daemonset,) = [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
+        found: dict[str, str] = daemonset["spec"]["template"]["metadata"].get("annotations", {})
+        return found
+
+    assert annotations()["prometheus.io/scrape"] == "true"
+    for monitor in (["--set", "podMonitor.enabled=true"],
+                    ["--set", "serviceMonitor.enabled=true", "--set", "service.enabled=true"]):
+        assert not any(k.startswith("prometheus.io/") for k in annotations(*monitor)), monitor
+    assert annotations("--set", "podMonitor.enabled=true", "--set", "podAnnotations.team=ops") \
+        == {"team": "ops"}
+    monitoring = rendered(CHART / "ci" / "monitoring-values.yaml")
+    assert "prometheus.io/" not in yaml.safe_dump(monitoring)
+
+
+@pytest.mark.parametrize(("args", "policies"), [
+    ([], 1),
+    (["--set", "hostNetwork=true"], 0),
+    (["--set", "hostNetwork=true", "--set", "networkPolicy.enabled=true"], 1),
+    (["--set", "networkPolicy.enabled=false"], 0),
+], ids=["default", "host network", "host network, asked", "off"])
+def test_no_network_policy_under_host_networking_unless_asked(args: list[str],
+                                                              policies: int) -> None:
+    kinds = [d["kind"] for d in rendered(None, *args)]
+    assert kinds.count("NetworkPolicy") == policies, kinds
+
+
+def notes(*args: str) -> str:
+    done = helm("install", "see", str(CHART), "--namespace", "ops", "--dry-run=client", *args)
+    return str(done.stdout[done.stdout.index("NOTES:"):])
+
+
+def test_notes_say_how_to_build_the_image_until_a_release_is_tagged() -> None:
+    default = notes()
+    assert "No release has been tagged yet" in default
+    assert "docker push REGISTRY/scheduled-events-exporter:" in default
+    assert "--set image.repository=REGISTRY/scheduled-events-exporter" in default
+    own = notes("--set", "image.repository=myacr.azurecr.io/scheduled-events-exporter")
+    assert "No release has been tagged yet" not in own
+
+
+def test_notes_give_the_subject_of_the_federated_credential() -> None:
+    wi = notes("-f", str(CHART / "ci" / "eventhubs-workload-identity-values.yaml"))
+    assert "system:serviceaccount:ops:see-azure-scheduled-events-exporter" in wi
+    named = notes("-f", str(CHART / "ci" / "eventhubs-workload-identity-values.yaml"),
+                  "--set", "serviceAccount.name=scheduled-events-exporter")
+    assert "system:serviceaccount:ops:scheduled-events-exporter " in named
+    # The subject is exactly the service account the pods run as.
+    docs = rendered(CHART / "ci" / "eventhubs-workload-identity-values.yaml", "--namespace", "ops",
+                    "--set", "serviceAccount.name=scheduled-events-exporter")
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert pod_spec(daemonset)["serviceAccountName"] == "scheduled-events-exporter"
+    assert "system:serviceaccount" not in notes()
+
+
+def test_notes_point_to_host_networking_when_imds_cannot_answer() -> None:
+    default = notes()
+    assert "--enable-imds-restriction" in default
+    assert "helm upgrade see CHART -n ops --reuse-values --set hostNetwork=true" in default
+    assert "node's ports 8080 (health) and 9464 (metrics)" in default
+    moved = notes("--set", "ports.health=18080", "--set", "prometheus.enabled=false")
+    assert "node's ports 18080 (health):" in moved
+    host = notes("-f", str(CHART / "ci" / "host-network-values.yaml"))
+    assert "--enable-imds-restriction" not in host and "Host network: on" in host
 
 
 # --- checkov ------------------------------------------------------------------------------

@@ -634,6 +634,8 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
                     if name.startswith("SEE_APPROVE_") and name not in approve
                     and env[name].strip())
     warnings = api_versions.check(config.imds_api_version)[1]
+    warnings.extend(_unknown_names(env))
+    warnings.extend(_without_effect(config, env))
     if "eventhubs" in sinks:
         warnings.extend(_eventhubs_warnings(config))
     if "otlp" in sinks:
@@ -643,6 +645,63 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
         warnings.extend(otlp_settings.endpoint_warnings(env, protocols))
     return replace(config, otlp_logs=logs, otlp_metrics=metrics,
                    metrics_temporality=temporality, warnings=tuple(warnings)), problems
+
+
+#: Variables of these prefixes are the exporter's or its OTLP and metrics configuration: one it
+#: does not read is most likely a misspelling, which would otherwise change nothing unsaid.
+_OWN_PREFIXES = ("SEE_", "OTEL_EXPORTER_OTLP_", "OTEL_METRIC")
+#: Read elsewhere, or the specification's for a signal the exporter does not send (a shared
+#: environment may well set them): no warning. SEE_APPROVE_* has its own (an error).
+_NOT_OURS = ("SEE_EVENT_", "SEE_FAILPOINT", "SEE_APPROVE_", "OTEL_EXPORTER_OTLP_TRACES_")
+
+
+def known_names() -> frozenset[str]:
+    """Every variable name the exporter reads (each spelling of :data:`SETTINGS`)."""
+    return frozenset(name for row in SETTINGS for name in row.names)
+
+
+def _unknown_names(env: Mapping[str, str]) -> list[str]:
+    """One warning per set SEE_*, OTEL_EXPORTER_OTLP_* or OTEL_METRIC* variable the exporter
+    does not read, with the closest name it does read. Names only: a value may be a secret."""
+    import difflib
+
+    known = known_names()
+    warnings = []
+    for name in sorted(env):
+        if not name.startswith(_OWN_PREFIXES) or name.startswith(_NOT_OURS) or name in known:
+            continue
+        # 0.85: a letter or two off (SEE_POLL_INTERVALL 0.97, ..._ENDPIONT 0.96), not another
+        # specification variable the exporter does not read (OTEL_METRIC_EXPORT_TIMEOUT 0.81).
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        hint = f"did you mean {close[0]}?" if close else "unset it"
+        warnings.append(f"{name} is set, but the exporter reads no variable of that name: it has "
+                        f"no effect; {hint} (run --help lists the variables)")
+    return warnings
+
+
+def _without_effect(config: Config, env: Mapping[str, str]) -> list[str]:
+    """Settings that are valid but do nothing as the others are set: a sink's settings while
+    SEE_SINKS does not select it, and OTEL_METRICS_EXPORTER leaving out the otlp sink's
+    metrics. Each names both variables, never a value (credentials among them)."""
+    sinks = ",".join(config.sinks)
+    warnings = []
+    for sink, prefix in (("eventhubs", "SEE_EVENTHUB_"), ("otlp", _OTLP)):
+        if sink in config.sinks:
+            continue
+        names = sorted(n for row in SETTINGS for n in row.names
+                       if n.startswith(prefix) and env.get(n, "").strip())
+        if names:
+            warnings.append(f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} set, but "
+                            f"SEE_SINKS={sinks} does not include {sink}: nothing is sent there; "
+                            f"expected {sink} in SEE_SINKS, or "
+                            f"{'it' if len(names) == 1 else 'them'} unset")
+    chosen = config.metrics_exporters_set
+    if "otlp" in config.sinks and chosen and "otlp" not in chosen:
+        warnings.append(f"OTEL_METRICS_EXPORTER={','.join(chosen)} leaves out otlp while "
+                        f"SEE_SINKS={sinks} includes it: the otlp sink sends log records only, "
+                        f"no metrics; expected OTEL_METRICS_EXPORTER=otlp,{','.join(chosen)} to "
+                        "send metrics both ways")
+    return warnings
 
 
 def _check_eventhubs(config: Config) -> list[str]:
@@ -723,9 +782,14 @@ def _could_write(path: Path) -> str:
     where ``run`` then fails."""
     created: list[Path] = []
     probe = path
-    while not probe.exists() and probe.parent != probe:
-        created.append(probe)
-        probe = probe.parent
+    try:
+        # (exists() raises, rather than says no, where a parent may not be searched: a
+        # non-root user before systemd's 0700 /var/lib/private, which run reports as a problem.)
+        while not probe.exists() and probe.parent != probe:
+            created.append(probe)
+            probe = probe.parent
+    except OSError as exc:
+        return f"expected a writable directory ({exc.strerror or exc})"
     try:
         return _check_writable(path)
     finally:

@@ -72,6 +72,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default "none" (join "," $exporters) }}
 {{- end }}
 
+{{/* "true" when the pods carry prometheus.io/* annotations: not while a PodMonitor or
+     ServiceMonitor scrapes them, or an annotation-based scrape config scrapes every pod a
+     second time under another job. */}}
+{{- define "see.scrapeAnnotations" -}}
+{{- if and .Values.prometheus.enabled .Values.prometheus.podAnnotations (not (or .Values.podMonitor.enabled .Values.serviceMonitor.enabled)) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the egress NetworkPolicy is rendered: networkPolicy.enabled, or by default
+     (null) unless the pods use the host's network, which NetworkPolicy does not cover. */}}
+{{- define "see.networkPolicy" -}}
+{{- $enabled := .Values.networkPolicy.enabled }}
+{{- if or (eq $enabled true) (and (kindIs "invalid" $enabled) (not .Values.hostNetwork)) }}true{{ end }}
+{{- end }}
+
 {{/* Checks the values cannot express in values.schema.json, with a line that says what to set. */}}
 {{- define "see.validate" -}}
 {{- $eh := .Values.eventhubs }}
@@ -103,6 +117,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if and (or .Values.podMonitor.enabled .Values.serviceMonitor.enabled) (not .Values.prometheus.enabled) }}
 {{- fail "podMonitor/serviceMonitor scrape /metrics: set prometheus.enabled: true" }}
+{{- end }}
+{{- /* Text fields of a given form: checked here rather than by a schema pattern, whose error
+     shows the regular expression instead of what to write. */}}
+{{- $forms := list
+  (list "image.digest" .Values.image.digest "^(sha256:[a-f0-9]{64})?$" "sha256: and 64 hex digits, or empty to pull by tag")
+  (list "config.imdsEndpoint" .Values.config.imdsEndpoint "^http://[^/]+/?$" "an http:// URL with a host and no path, e.g. http://169.254.169.254")
+  (list "otlp.endpoint" .Values.otlp.endpoint "^https?://" "the collector's URL with its scheme, e.g. http://otel-collector.observability.svc:4318")
+  (list "eventhubs.workloadIdentity.namespace" .Values.eventhubs.workloadIdentity.namespace "^$|^[A-Za-z0-9][A-Za-z0-9-]*(\\.[A-Za-z0-9-]+)+$" "the fully qualified namespace, e.g. myns.servicebus.windows.net")
+  (list "state.hostPath" .Values.state.hostPath "^/" "an absolute path on the node, e.g. /var/lib/scheduled-events-exporter")
+  (list "podMonitor.interval" .Values.podMonitor.interval "^[0-9]+(ms|s|m|h)$" "a duration such as 30s or 1m")
+  (list "serviceMonitor.interval" .Values.serviceMonitor.interval "^[0-9]+(ms|s|m|h)$" "a duration such as 30s or 1m") }}
+{{- range $forms }}
+{{- if not (regexMatch (index . 2) (toString (index . 1))) }}
+{{- fail (printf "%s=%q: expected %s" (index . 0) (toString (index . 1)) (index . 3)) }}
+{{- end }}
 {{- end }}
 {{- $names := dict }}
 {{- range .Values.extraEnv }}
