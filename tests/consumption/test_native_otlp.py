@@ -30,15 +30,16 @@ def rules() -> list[tuple[str, dict[str, Any]]]:
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
-    """(id, expr) of every dashboard target, Grafana macros and variables expanded."""
+    """(id, expr) of every dashboard target, Grafana macros and variables expanded; a target
+    that reads counters appears once per temporality (the variable's two functions)."""
     out = []
     for name, dashboard in DASHBOARDS.items():
         for panel in ch.iter_panels(dashboard):
             for target in panel.get("targets", []):
-                out.append(
-                    (f"{name}#panel{panel['id']}/{target['refId']}",
-                     ch.expand_promql_macros(target["expr"]))
-                )
+                where = f"{name}#panel{panel['id']}/{target['refId']}"
+                for function, expr in nh.expand_temporality(target["expr"]):
+                    out.append((f"{where}/{function}" if function else where,
+                                ch.expand_promql_macros(expr)))
     return out
 
 
@@ -94,9 +95,53 @@ def test_uses_only_names_the_exporter_emits(
 
 def test_silent_window_exceeds_two_otlp_heartbeats() -> None:
     # OTLP metrics are exported on change and at least every OTEL_METRIC_EXPORT_INTERVAL (60 s).
-    (rule,) = [r for _, r in rules() if r.get("alert") == "ScheduledEventsExporterSilent"]
-    expr = str(rule["expr"])
-    assert "[5m]" in expr and "[1h]" in expr, expr
+    found = [r for _, r in rules() if r.get("alert") == "ScheduledEventsExporterSilent"]
+    assert len(found) == len(RULE_FILES)  # one per temporality
+    for rule in found:
+        expr = str(rule["expr"])
+        assert "[5m]" in expr and "[1h]" in expr, expr
+
+
+#: PromQL functions that assume cumulative counters (a reset-aware difference of running totals).
+CUMULATIVE_ONLY = ("increase(", "rate(", "irate(", "resets(")
+
+
+def _alerts(path: Path) -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {r["alert"]: r for g in doc["groups"] for r in g["rules"]}
+
+
+def test_the_delta_rules_are_the_cumulative_ones_with_sums_over_time() -> None:
+    """Delta points are per-export counts: what was counted in a window is their sum_over_time(),
+    and increase()/rate() on them is wrong (Azure Monitor, "PromQL best practices for
+    OpenTelemetry metrics"). The delta file differs from the cumulative one in exactly that."""
+    cumulative = _alerts(nh.NATIVE_OTLP_RULES_DIR / "scheduled-events-alerts.yaml")
+    delta = _alerts(nh.NATIVE_OTLP_RULES_DIR / "scheduled-events-alerts-delta.yaml")
+    assert delta.keys() == cumulative.keys()
+    converted = 0
+    for name, rule in delta.items():
+        expr = str(rule["expr"])
+        assert not any(f in expr for f in CUMULATIVE_ONLY), f"{name}: {expr}"
+        wanted = str(cumulative[name]["expr"])
+        converted += "increase(" in wanted
+        assert expr == wanted.replace("increase(", "sum_over_time("), name
+        assert {k: v for k, v in rule.items() if k != "expr"} == {
+            k: v for k, v in cumulative[name].items() if k != "expr"}, name
+    assert converted >= 2  # the counter alerts (outcomes unknown, export failing)
+
+
+def test_the_dashboard_reads_counters_as_the_chosen_temporality_says() -> None:
+    """Every counter or histogram query goes through the dashboard's temporality variable, whose
+    options are increase (cumulative) and sum_over_time (delta); gauges need neither."""
+    for name, dashboard in DASHBOARDS.items():
+        (variable,) = [v for v in dashboard["templating"]["list"]
+                       if v["name"] == nh.TEMPORALITY_VARIABLE]
+        assert [o["value"] for o in variable["options"]] == ["increase", "sum_over_time"]
+        assert variable["current"]["value"] == "increase"  # the SDK's default, cumulative
+        for panel in ch.iter_panels(dashboard):
+            for target in panel.get("targets", []):
+                expr = target["expr"]
+                assert not any(f in expr for f in CUMULATIVE_ONLY), f"{name}#{panel['id']}"
 
 
 def test_dashboard_shows_every_instrument(parsed: dict[str, nh.PromqlResult]) -> None:
