@@ -97,9 +97,10 @@ def template() -> dict[str, Any]:
             "route=scrape: metrics scraped from the exporter or sent through a collector "
             "(translated names, e.g. azure_scheduled_events_pending); route=native-otlp: "
             "metrics ingested by Azure Monitor's native OTLP endpoint (dotted names, Prometheus 3 "
-            "quoting), counters sent with cumulative temporality; route=native-otlp-delta: the same "
-            "with delta temporality (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta or "
-            "lowmemory, or a cumulativetodelta processor): sum_over_time() instead of increase().")},
+            "quoting), counters sent with cumulative temporality; route=native-otlp-delta: the "
+            "same with delta temporality (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="
+            "delta or lowmemory, or a cumulativetodelta processor): sum_over_time() instead of "
+            "increase().")},
         "parameters": {
             "azureMonitorWorkspaceId": {"type": "string", "metadata": {
                 "description": "Resource id of the Azure Monitor workspace the metrics land in."}},
