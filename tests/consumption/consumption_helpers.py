@@ -106,8 +106,9 @@ OTEL_LOGS_COLUMNS: tuple[tuple[str, str], ...] = (
 #: Application Insights tables as Azure Monitor's reference publishes them (Azure Monitor Logs
 #: reference, "AppTraces" and "AppMetrics":
 #: learn.microsoft.com/azure/azure-monitor/reference/tables/apptraces and .../appmetrics; source
-#: MicrosoftDocs/azure-reference-other azure-monitor-ref/tables/includes/apptraces-include.md and
-#: appmetrics-include.md at 04e8b5c978e7aa75c2917ee23ef053b529f95374), every column in its order.
+#: the include files for both tables in MicrosoftDocs/azure-reference-other, folder
+#: azure-monitor-ref/tables/includes, at 04e8b5c978e7aa75c2917ee23ef053b529f95374), every column in
+#: its order.
 #: The Collector's azuremonitor exporter writes a log record to AppTraces (Message: the body;
 #: Properties: resource, scope and record attributes, each as a string) and a metric data point
 #: to AppMetrics (Name, Sum, ItemCount, Min, Max, Properties); docs/consumption.md.
