@@ -240,6 +240,8 @@ def test_histograms_are_exponential_when_the_variable_says_so(
     env["OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"] = (
         "base2_exponential_bucket_histogram")
     env["OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"] = "delta"
+    # Exemplars on: every point carries them, and the collector must still take the request.
+    env["OTEL_METRICS_EXEMPLAR_FILTER"] = "always_on"
     service = f"see-test-{tmp_path.name}"
     with ExporterProcess(env) as proc:
         proc.wait_for(lambda: "first document received" in proc.stderr(), 30, "a first poll")
@@ -262,5 +264,6 @@ def test_histograms_are_exponential_when_the_variable_says_so(
     assert point.count == 1 and point.sum is not None and point.sum > 1e9  # 2099 is far away
     assert point.bounds == ()  # no explicit buckets: the exponential ones instead
     assert sum(point.bucket_counts) == 1
+    assert point.exemplars == 1  # the one recorded notice, as its exemplar
     assert duration.kind == "ExponentialHistogram"
     assert all(p.count and sum(p.bucket_counts) == p.count for p in duration.points)
