@@ -91,6 +91,9 @@ class Config:
     otlp_metrics: OtlpTarget = DEFAULT_METRICS_TARGET
     #: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE: cumulative, delta or lowmemory.
     metrics_temporality: str = "cumulative"
+    #: OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: explicit_bucket_histogram or
+    #: base2_exponential_bucket_histogram (OTLP metrics only; Prometheus keeps explicit buckets).
+    metrics_histogram_aggregation: str = "explicit_bucket_histogram"
     #: Seconds between OTLP metric exports while nothing changes (OTel default 60 s).
     metric_export_interval: float = 60.0
     log_level: str = "INFO"
@@ -513,6 +516,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(f"{_OTLP}CLIENT_CERTIFICATE", per_signal=True),
     Setting(f"{_OTLP}INSECURE", per_signal=True),
     Setting(f"{_OTLP}METRICS_TEMPORALITY_PREFERENCE"),
+    Setting(f"{_OTLP}METRICS_DEFAULT_HISTOGRAM_AGGREGATION"),
     # The SDK's resource detector reads these two. It drops a pair without '=' with a warning
     # nobody sees (the SDK's logger is not ours): a missing attribute would only be noticed
     # when a dashboard or an alert that groups by it misses this VM, so that much is checked.
@@ -611,6 +615,8 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
     problems.extend(dict.fromkeys([*logs_problems, *metrics_problems]))
     temporality, temporality_problems = otlp_settings.temporality(env)
     problems.extend(temporality_problems)
+    aggregation, aggregation_problems = otlp_settings.histogram_aggregation(env)
+    problems.extend(aggregation_problems)
     if "otlp" in (config.metrics_exporters_set or ()) and "otlp" not in sinks:
         problems.append(
             f"OTEL_METRICS_EXPORTER={_show(env['OTEL_METRICS_EXPORTER'])}: otlp metrics need the "
@@ -644,7 +650,8 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
             protocols["metrics"] = metrics.protocol
         warnings.extend(otlp_settings.endpoint_warnings(env, protocols))
     return replace(config, otlp_logs=logs, otlp_metrics=metrics,
-                   metrics_temporality=temporality, warnings=tuple(warnings)), problems
+                   metrics_temporality=temporality, metrics_histogram_aggregation=aggregation,
+                   warnings=tuple(warnings)), problems
 
 
 #: Variables of these prefixes are the exporter's or its OTLP and metrics configuration: one it
