@@ -368,10 +368,27 @@ def test_notes_give_the_subject_of_the_federated_credential() -> None:
 def test_notes_point_to_host_networking_when_imds_cannot_answer() -> None:
     default = notes()
     assert "--enable-imds-restriction" in default
-    assert "helm upgrade see CHART -n ops --reuse-values --set hostNetwork=true" in default
-    assert "node's ports 8080 (health) and 9464 (metrics)" in default
-    moved = notes("--set", "ports.health=18080", "--set", "prometheus.enabled=false")
-    assert "node's ports 18080 (health):" in moved
+    assert ("helm upgrade see CHART -n ops --reuse-values \\\n     --set hostNetwork=true "
+            "--set ports.health=18080 --set ports.metrics=19464\n") in default
+    assert "node's ports 18080 (health) and 19464 (metrics), off 8080 and" in default
+    assert "CHART: the chart you installed" in default
+    moved = notes("--set", "ports.health=28080", "--set", "prometheus.enabled=false")
+    assert "--set hostNetwork=true\n" in moved and "node's ports 28080 (health);" in moved
+
+
+@pytest.mark.parametrize(("protocol", "port", "says"), [
+    ("grpc", "4318", "port 4318 is the collector's OTLP/HTTP port"),
+    ("http/protobuf", "4317", "port 4317 is the collector's OTLP/gRPC port"),
+])
+def test_notes_say_when_the_otlp_port_is_the_other_protocols(protocol: str, port: str,
+                                                              says: str) -> None:
+    wrong = notes("--set", "otlp.enabled=true", "--set", f"otlp.protocol={protocol}",
+                  "--set", f"otlp.endpoint=http://collector.obs.svc:{port}")
+    assert says in wrong
+    right = notes("--set", "otlp.enabled=true", "--set", f"otlp.protocol={protocol}",
+                  "--set", "otlp.endpoint=http://collector.obs.svc:" +
+                  ("4317" if protocol == "grpc" else "4318"))
+    assert "Check otlp.endpoint" not in right
     host = notes("-f", str(CHART / "ci" / "host-network-values.yaml"))
     assert "--enable-imds-restriction" not in host and "Host network: on" in host
 
@@ -443,6 +460,8 @@ def test_the_overlays_do_what_they_say() -> None:
     (daemonset,) = [d for d in host if d["kind"] == "DaemonSet"]
     spec = pod_spec(daemonset)
     assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    # As the chart under hostNetwork: no NetworkPolicy, which would not apply there.
+    assert not [d for d in host if d["kind"] == "NetworkPolicy"]
     container = exporter(host)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     env = env_of(container)
