@@ -81,6 +81,9 @@ def test_one_version_for_package_image_and_chart(tmp_path: Path) -> None:
     assert package.name == f"azure-scheduled-events-exporter-{__version__}.tgz"
     with tarfile.open(package) as archive:
         names = archive.getnames()
+        licence = archive.extractfile("azure-scheduled-events-exporter/LICENSE")
+        assert licence is not None, "the packaged chart carries the licence"
+        assert licence.read().decode() == (REPO / "LICENSE").read_text()
     assert "azure-scheduled-events-exporter/values.schema.json" in names
     assert not any("/ci/" in n for n in names), "the ci/ values stay out of the package"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -26,12 +27,22 @@ def test_dockerfile_is_non_root_read_only_friendly_and_health_checked() -> None:
     assert "PYTHONDONTWRITEBYTECODE=1" in text
 
 
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The sdist and the wheel built as the release builds them (the wheel from the sdist),
+    each once: {"sdist": ..., "wheel": ...}."""
+    out = tmp_path_factory.mktemp("dist")
+    uv = Path(sys.executable).with_name("uv")
+    subprocess.run([str(uv), "build", "--no-progress", "-q", "-o", str(out), str(REPO)],
+                   check=True, capture_output=True, timeout=280)
+    (sdist,) = out.glob("azure_scheduled_events_exporter-*.tar.gz")
+    (wheel,) = out.glob("azure_scheduled_events_exporter-*.whl")
+    return {"sdist": sdist, "wheel": wheel}
+
+
 @pytest.mark.timeout(300)
-def test_wheel_carries_the_scenarios_and_the_console_script(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                    "-q", "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
-    (wheel,) = tmp_path.glob("azure_scheduled_events_exporter-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+def test_wheel_carries_the_scenarios_and_the_console_script(dists: dict[str, Path]) -> None:
+    with zipfile.ZipFile(dists["wheel"]) as archive:
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "scheduled-events-exporter = scheduled_events_exporter.cli:main" in (
@@ -39,3 +50,29 @@ def test_wheel_carries_the_scenarios_and_the_console_script(tmp_path: Path) -> N
     scenarios = {p.name for p in (REPO / "config" / "scenarios").glob("*.json")}
     packaged = {Path(n).name for n in names if "/scenario_files/" in n and n.endswith(".json")}
     assert scenarios and packaged == scenarios
+
+
+LICENCE = (REPO / "LICENSE").read_text() if (REPO / "LICENSE").exists() else ""
+
+
+def test_the_licence_is_the_mit_text_and_the_chart_carries_the_same() -> None:
+    assert LICENCE.startswith("MIT License\n") and "Permission is hereby granted" in LICENCE
+    chart_copy = REPO / "charts" / "azure-scheduled-events-exporter" / "LICENSE"
+    assert chart_copy.read_text() == LICENCE, "the chart's LICENSE is a copy of the root's"
+    assert "vulnerability" in (REPO / "SECURITY.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_and_the_sdist_carry_the_licence(dists: dict[str, Path]) -> None:
+    with zipfile.ZipFile(dists["wheel"]) as archive:
+        (licence,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert archive.read(licence).decode() == LICENCE
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+    # PEP 639 metadata (2.4): the SPDX expression and the file, not a free-text License: field.
+    assert "License-Expression: MIT" in headers and "License-File: LICENSE" in headers, headers
+    with tarfile.open(dists["sdist"]) as archive:
+        (member,) = [m for m in archive.getmembers() if m.name.count("/") == 1
+                     and m.name.endswith("/LICENSE")]
+        extracted = archive.extractfile(member)
+        assert extracted is not None and extracted.read().decode() == LICENCE
