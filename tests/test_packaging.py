@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,3 +77,35 @@ def test_the_wheel_and_the_sdist_carry_the_licence(dists: dict[str, Path]) -> No
                      and m.name.endswith("/LICENSE")]
         extracted = archive.extractfile(member)
         assert extracted is not None and extracted.read().decode() == LICENCE
+
+
+def _runtime_dependencies() -> list[str]:
+    deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "dependencies"]
+    return deps
+
+
+def test_runtime_dependencies_are_ranges_that_the_lock_satisfies() -> None:
+    from packaging.requirements import Requirement
+
+    from tests.test_lock import RUNTIME, pins
+
+    locked = {p.name: p.version for p in pins(RUNTIME.read_text())}
+    deps = _runtime_dependencies()
+    assert len(deps) >= 10, deps
+    for dep in deps:
+        # A floor CI runs (.ci/dependency-floors.sh reads exactly this shape), at most a ceiling;
+        # never an exact pin, which would keep a pip user from a dependency's security fix.
+        assert "==" not in dep and re.fullmatch(r"[A-Za-z0-9_.-]+>=[^,;\s]+(,<[^,;\s]+)?", dep), dep
+        requirement = Requirement(dep)
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert requirement.specifier.contains(locked[name], prereleases=True), (dep, locked[name])
+
+
+def test_ci_installs_the_floor_of_every_runtime_range() -> None:
+    script = (REPO / ".ci" / "dependency-floors.sh").read_text()
+    assert "bash .ci/dependency-floors.sh" in (REPO / ".ci" / "run").read_text()
+    # The floors come from pyproject.toml itself, every dependency, and are checked installed.
+    assert 'tomllib.load(f)["project"]["dependencies"]' in script
+    assert "expected {want} installed" in script and "tests/test_tracker.py" in script
+
