@@ -109,3 +109,18 @@ def test_ci_installs_the_floor_of_every_runtime_range() -> None:
     assert 'tomllib.load(f)["project"]["dependencies"]' in script
     assert "expected {want} installed" in script and "tests/test_tracker.py" in script
 
+
+def test_the_dockerfiles_default_bases_are_pinned_by_digest() -> None:
+    # Two builds of one commit start from the same bytes; the tag stays for the reader (and for
+    # Renovate, which moves both). The tests build on local bases through these same ARGs.
+    text = (REPO / "Dockerfile").read_text()
+    defaults = dict(re.findall(r"^ARG (BUILDER_IMAGE|RUNTIME_IMAGE)=(\S+)$", text, re.M))
+    assert set(defaults) == {"BUILDER_IMAGE", "RUNTIME_IMAGE"}, defaults
+    for arg, reference in defaults.items():
+        assert re.fullmatch(r"[a-z0-9.-]+(/[a-z0-9._-]+)+:[A-Za-z0-9._-]+@sha256:[0-9a-f]{64}",
+                            reference), (arg, reference)
+    assert defaults["BUILDER_IMAGE"].startswith("docker.io/library/debian:13-slim@")
+    assert defaults["RUNTIME_IMAGE"].startswith("gcr.io/distroless/python3-debian13:nonroot@")
+    # Every FROM names a stage or one of these ARGs: no base bypasses the pins.
+    for base in re.findall(r"^FROM\s+(\S+)", text, re.M):
+        assert base in ("${BUILDER_IMAGE}", "${RUNTIME_IMAGE}", "builder"), base
