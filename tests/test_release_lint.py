@@ -326,3 +326,43 @@ def test_renovate_validator_is_not_vacuous(tmp_path: Path) -> None:
         "pinDigest: true}], noSuchOption: 1}\n", encoding="utf-8")
     done = renovate_validator(tmp_path)
     assert done.returncode != 0, done.stdout[-2000:]
+
+
+# --- what a release signs, and what builds it -----------------------------------------------
+
+def _release_runs() -> dict[str, list[str]]:
+    """Each release job's `run:` scripts, continuation lines joined."""
+    jobs = _load(WORKFLOWS_DIR / "release.yml")["jobs"]
+    return {name: [re.sub(r"\\\n\s*", " ", step["run"]) for step in job["steps"] if "run" in step]
+            for name, job in jobs.items()}
+
+
+def test_every_release_artifact_is_signed() -> None:
+    jobs = _load(WORKFLOWS_DIR / "release.yml")["jobs"]
+    runs = {name: "\n".join(scripts) for name, scripts in _release_runs().items()}
+    # The chart: the digest helm push reports, signed keyless (a tag could move under it).
+    assert jobs["chart"]["permissions"].get("id-token") == "write"
+    assert re.search(r"cosign sign --yes\s+\S*charts/azure-scheduled-events-exporter@\$\{digest\}",
+                     runs["chart"]), runs["chart"]
+    # The images (their digests), as before.
+    assert 'cosign sign --yes "${IMAGE}@${DIGEST}"' in runs["image"]
+    # The wheel, the sdist and the SBOM: a Sigstore bundle each, attached to the release.
+    assert jobs["github-release"]["permissions"].get("id-token") == "write"
+    release = runs["github-release"]
+    assert "for artifact in dist/*.whl dist/*.tar.gz dist/*.cdx.json" in release
+    assert 'cosign sign-blob --yes --bundle "${artifact}.sigstore.json" "$artifact"' in release
+    assert release.index("cosign sign-blob") < release.index("gh release create")
+
+
+def test_release_tools_install_from_hashed_locks() -> None:
+    installs = [line.strip() for scripts in _release_runs().values() for script in scripts
+                for line in script.splitlines() if re.search(r"pip\S*\"?\s.*\binstall\b", line)
+                or re.search(r"-m pip .*install", line)]
+    assert installs, "no pip install found: the test reads the workflow wrongly"
+    for line in installs:
+        # Everything from a lock with every hash checked; the one exception is the wheel just
+        # built (installed without dependencies beside the locked closure).
+        assert "--require-hashes" in line or line.endswith("--no-deps dist/*.whl"), line
+    assert any("requirements/release.lock" in line for line in installs)
+    build = "\n".join(_release_runs()["python-dist"])
+    assert "-m build --no-isolation" in build and "requirements/build.lock" in build
