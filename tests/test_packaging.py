@@ -105,10 +105,17 @@ def test_runtime_dependencies_are_ranges_that_the_lock_satisfies() -> None:
 def test_ci_installs_the_floor_of_every_runtime_range() -> None:
     script = (REPO / ".ci" / "dependency-floors.sh").read_text()
     assert "bash .ci/dependency-floors.sh" in (REPO / ".ci" / "run").read_text()
-    # The floors come from pyproject.toml itself, every dependency, and are checked installed.
-    assert 'tomllib.load(f)["project"]["dependencies"]' in script
+    # The script's own reading of pyproject.toml, run as the script runs it: one `name==floor`
+    # for every runtime dependency, the one without a ceiling (certifi) included.
+    reader = script.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    done = subprocess.run([sys.executable, "-c", reader], cwd=REPO, capture_output=True,
+                          text=True, check=True, timeout=60)
+    expected = [re.sub(r"^([^>]+)>=([^,]+)(,.*)?$", r"\1==\2", dep)
+                for dep in _runtime_dependencies()]
+    assert done.stdout.split() == expected
+    assert any(pin.startswith("certifi==") for pin in expected), expected
+    # What was installed is checked to be exactly the floors, and the pure tests run on them.
     assert "expected {want} installed" in script and "tests/test_tracker.py" in script
-
 
 def test_the_dockerfiles_default_bases_are_pinned_by_digest() -> None:
     # Two builds of one commit start from the same bytes; the tag stays for the reader (and for
