@@ -762,24 +762,25 @@ def _eventhubs_warnings(config: Config) -> list[str]:
 def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> list[str]:
     """The Event Hubs sink's packages are regular dependencies, but a trimmed install (or an
     old one made without them) must fail as a configuration error, not with a traceback."""
-    missing = []
+    # The ranges of pyproject.toml (tests/test_missing_eventhubs.py keeps them equal).
+    missing: list[tuple[str, str]] = []
     try:
         import azure.eventhub
     except ImportError:
-        missing.append("azure-eventhub==5.15.1")
+        missing.append(("azure-eventhub", ">=5.12.0,<6"))
     if need_identity:
         try:
             import azure.identity  # noqa: F401
         except ImportError:
-            missing.append("azure-identity==1.27.0")
+            missing.append(("azure-identity", ">=1.16.1,<2"))
     if not missing:
         return []
-    names = " and ".join(m.split("=")[0] for m in missing)
+    names = " and ".join(name for name, _ in missing)
     return [f"SEE_SINKS={','.join(sinks)!r}: the eventhubs sink needs {names}, which "
             f"{'are' if len(missing) > 1 else 'is'} not installed; expected "
             f"{'them' if len(missing) > 1 else 'it'} installed "
-            f"(pip install {' '.join(repr(m) for m in missing)}) or eventhubs removed from "
-            "SEE_SINKS"]
+            f"(pip install {' '.join(repr(name + spec) for name, spec in missing)}) or eventhubs "
+            "removed from SEE_SINKS"]
 
 
 def _could_write(path: Path) -> str:
