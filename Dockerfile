@@ -12,8 +12,12 @@
 # Nothing depends on the CPU architecture: pip takes each platform's wheels.
 # VERSION, REVISION and CREATED fill the OCI labels (the release workflow passes them; the
 # version is src/scheduled_events_exporter/__init__.py's).
-ARG BUILDER_IMAGE=docker.io/library/debian:13-slim
-ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian13:nonroot
+# Both defaults are pinned by digest (the tag stays for the reader), so two builds of one commit
+# start from the same bytes; Renovate moves tag and digest together (renovate.json). A digest
+# here must be the tag's multi-platform index, not one platform's manifest: the release builds
+# linux/amd64 and linux/arm64 from it.
+ARG BUILDER_IMAGE=docker.io/library/debian:13-slim@sha256:3a39a0592364683e6bab97937b72cad5a8fa6dcbbee90edb3bb48c7f8e94f258
+ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian13:nonroot@sha256:8ee214843129f43e2ebf5e0ca9f2e4e6d8292143d1b8a6787f169b5898578884
 
 FROM ${BUILDER_IMAGE} AS builder
 SHELL ["/bin/sh", "-eu", "-c"]
@@ -35,23 +39,26 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY requirements/ ./requirements/
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY config/scenarios ./config/scenarios
 COPY src ./src
-# The wheel is built by the locked backend in a throwaway virtualenv; the exporter's virtualenv
-# gets the locked closure (every file checked against its hash), then the wheel, then loses its
-# installers. Bytecode is compiled once here and checked by hash rather than mtime: the root is
-# read-only at run time. The state directory is made here, 0700 for 65532, and copied with its
-# parent (a copy does not set the mode of a directory it creates).
+# The wheel is built by the locked backend in a throwaway virtualenv. The exporter's virtualenv
+# is made without pip (`--without-pip`): what venv would seed differs by builder (pip alone on
+# Debian 13's Python 3.13; pip and setuptools 66 on Debian 12's 3.11), so nothing is seeded and
+# nothing has to be removed. The throwaway virtualenv's pip installs into it (`pip --python`):
+# the locked closure (every file checked against its hash), then the wheel. Bytecode is compiled
+# once here and checked by hash rather than mtime: the root is read-only at run time. The state
+# directory is made here, 0700 for 65532, and copied with its parent (a copy does not set the
+# mode of a directory it creates).
 RUN python3 -m venv /tmp/build \
  && /tmp/build/bin/python -m pip install --require-hashes --no-deps -r requirements/build.lock \
  && /tmp/build/bin/python -m pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
- && python3 -m venv /opt/scheduled-events-exporter \
- && /opt/scheduled-events-exporter/bin/python -m pip install --no-compile --require-hashes \
-        --no-deps -r requirements/runtime.lock \
- && /opt/scheduled-events-exporter/bin/python -m pip install --no-compile --no-deps /tmp/wheel/*.whl \
- && /opt/scheduled-events-exporter/bin/python -m pip check \
- && /opt/scheduled-events-exporter/bin/python -m pip uninstall -y -q pip \
+ && python3 -m venv --without-pip /opt/scheduled-events-exporter \
+ && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
+        install --no-compile --require-hashes --no-deps -r requirements/runtime.lock \
+ && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
+        install --no-compile --no-deps /tmp/wheel/*.whl \
+ && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python check \
  && /opt/scheduled-events-exporter/bin/python -m compileall -q -j 0 \
         --invalidation-mode unchecked-hash /opt/scheduled-events-exporter/lib \
  && rm -rf /opt/scheduled-events-exporter/bin/activate* /opt/scheduled-events-exporter/bin/Activate.ps1 \

@@ -102,9 +102,10 @@ _RUNTIME_TOUCHES = [
 ]
 
 
-def _mmdebstrap(podman: Podman, name: str, workdir: Path, args: list[str]) -> None:
+def _mmdebstrap(podman: Podman, name: str, workdir: Path, args: list[str],
+                suite: str = "trixie") -> None:
     tarball = workdir / f"{name.rsplit('/', 1)[-1].replace(':', '-')}.tar"
-    built = subprocess.run(["mmdebstrap", *args, "trixie", str(tarball)], capture_output=True,
+    built = subprocess.run(["mmdebstrap", *args, suite, str(tarball)], capture_output=True,
                            text=True, timeout=900, check=False)
     assert built.returncode == 0, built.stderr[-3000:]
     podman("import", "--change", 'CMD ["python3"]', str(tarball), name, timeout=300)
@@ -123,19 +124,32 @@ def ensure_bases(podman: Podman, workdir: Path) -> None:
             *(f"--extract-hook={hook}" for hook in _RUNTIME_TOUCHES)])
 
 
+#: A Debian 12 (bookworm) builder: Python 3.11, whose venv seeds setuptools as well as pip.
+BOOKWORM_BUILDER_BASE = "localhost/see-test-builder:bookworm"
+
+
+def ensure_bookworm_builder(podman: Podman, workdir: Path) -> None:
+    """Build :data:`BOOKWORM_BUILDER_BASE` from Debian 12 packages unless podman has it."""
+    if not podman.exists(BOOKWORM_BUILDER_BASE):
+        _mmdebstrap(podman, BOOKWORM_BUILDER_BASE, workdir,
+                    ["--variant=minbase", "--include=python3,python3-venv,ca-certificates"],
+                    suite="bookworm")
+
+
 #: The OCI labels the tests build with (the release workflow passes the same arguments).
 LABELS = {"VERSION": __version__, "REVISION": "0123456789abcdef0123456789abcdef01234567",
           "CREATED": "2026-11-26T12:00:00Z"}
 
 
-def build_image(podman: Podman, tag: str = IMAGE, target: str | None = None) -> float:
+def build_image(podman: Podman, tag: str = IMAGE, target: str | None = None,
+                builder: str = BUILDER_BASE) -> float:
     """Build the repository's Dockerfile (its default target, or ``target``) on the test bases;
     returns the seconds it took.
 
     ``--network=host`` and the host's CA bundle let pip inside the build reach the package
     index the way the host does; ``--format docker`` keeps the ``HEALTHCHECK``."""
     started = time.monotonic()
-    args = [f"BUILDER_IMAGE={BUILDER_BASE}", f"RUNTIME_IMAGE={RUNTIME_BASE}",
+    args = [f"BUILDER_IMAGE={builder}", f"RUNTIME_IMAGE={RUNTIME_BASE}",
             *(f"{k}={v}" for k, v in LABELS.items())]
     podman("build", "--pull=never", "--network=host", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro",
            "--format", "docker", *(a for arg in args for a in ("--build-arg", arg)),

@@ -318,3 +318,175 @@ def test_run_help_names_exactly_the_variables_of_the_table() -> None:
     text = run("run", "--help").stdout
     named = set(re.findall(r"\b(?:SEE|OTEL)_[A-Z0-9_]*[A-Z0-9]\b", text))
     assert named == {row.name for row in SETTINGS}
+
+
+# ------------------------------------------------ check-config --env-file, as the service sees it
+
+SYSTEMD_ENV = Path(__file__).parent.parent / "config" / "systemd" / "scheduled-events-exporter.env"
+
+
+def test_check_config_reads_an_env_file_as_systemd_does(tmp_path: Path) -> None:
+    env_file = tmp_path / "env"
+    env_file.write_text('# the service reads this\n; and this is a comment too\n\n'
+                        'SEE_SINKS="otlp"\n  OTEL_EXPORTER_OTLP_ENDPOINT = http://collector:4318 \n'
+                        "SEE_POLL_INTERVAL='2'\n", encoding="utf-8")
+    # The file wins over the shell, as EnvironmentFile= over the unit's Environment=.
+    done = run("check-config", "--env-file", str(env_file),
+               env=clean_env(SEE_STATE_DIR="", SEE_POLL_INTERVAL="7"))
+    assert done.returncode == 0, done.stderr
+    assert "SEE_SINKS=otlp\n" in done.stdout and "SEE_POLL_INTERVAL=2\n" in done.stdout
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318\n" in done.stdout
+    assert done.stderr == ""
+
+
+def test_the_shipped_env_file_checks_clean() -> None:
+    done = run("check-config", "--env-file", str(SYSTEMD_ENV), env=clean_env(SEE_STATE_DIR=""))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "SEE_SINKS=otlp\n" in done.stdout and "SEE_HEALTH_ADDR=127.0.0.1:8080" in done.stdout
+
+
+def test_an_env_file_problem_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    latin = tmp_path / "latin1"
+    latin.write_bytes(b"SEE_SINKS=console\nSEE_LOG_LEVEL=caf\xe9\n")
+    dropped = tmp_path / "dropped"
+    dropped.write_text("SEE_SINKS=console\n1SEE_LOG_LEVEL=debug\n", encoding="utf-8")
+    for args, expected, code in (
+        (("--env-file", str(tmp_path / "missing")), "No such file or directory", 2),
+        (("--env-file", str(tmp_path)), "Is a directory", 2),
+        (("--env-file", str(latin)), "line 2: not UTF-8", 2),
+        (("--env-file",), "expected [--env-file FILE]...", 2),
+        (("--envfile", str(latin)), "expected [--env-file FILE]...", 2),
+        (("--env-file", str(dropped)), "line 2: '1SEE_LOG_LEVEL' is not a valid variable name",
+         0),
+    ):
+        done = run("check-config", *args)
+        assert done.returncode == code, (args, done.stderr)
+        assert expected in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def as_nobody(*command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` as uid/gid 65534 (what systemd's DynamicUser= is to the files it meets)."""
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           *command], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def nobody_runs_python() -> str:
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return "needs root, to run a command as another user"
+    try:
+        done = as_nobody(sys.executable, "-c", "", env=clean_env())
+    except FileNotFoundError:
+        return "needs setpriv (util-linux)"
+    return "" if done.returncode == 0 else f"uid 65534 cannot run {sys.executable} here"
+
+
+@pytest.mark.skipif(bool(nobody_runs_python()), reason=nobody_runs_python() or "-")
+def test_check_config_as_another_user_behind_a_0700_directory() -> None:
+    """systemd's DynamicUser= puts the state under /var/lib/private (0700): an administrator's
+    check-config without sudo meets it. One line, exit 2, as run gives; never a traceback."""
+    import tempfile
+
+    # Not pytest's tmp_path: its parents are 0700 themselves. Only "private" is, here.
+    with tempfile.TemporaryDirectory(prefix="see-") as top:
+        Path(top).chmod(0o755)
+        private = Path(top) / "private"
+        private.mkdir(mode=0o700)
+        env = clean_env(SEE_STATE_DIR=str(private / "see"), SEE_HEALTH_ADDR="",
+                        SEE_IMDS_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+        for command in ("check-config", "run"):
+            done = as_nobody(SCRIPT, command, env=env)
+            assert done.returncode == 2, (command, done.stderr)
+            assert done.stderr == (f"configuration error: SEE_STATE_DIR='{private}/see': "
+                                   "expected a writable directory (Permission denied)\n")
+        env_file = Path(top) / "env"
+        env_file.write_text("SEE_SINKS=console\n", encoding="utf-8")
+        env_file.chmod(0o600)
+        done = as_nobody(SCRIPT, "check-config", "--env-file", str(env_file), env=env)
+        assert done.returncode == 2
+        assert done.stderr == (f"check-config: --env-file {env_file}: Permission denied; "
+                               "expected a readable file (the service's file is mode 0600: run "
+                               "check-config with sudo)\n")
+
+
+# ------------------------------------------------------------------------ silent no-ops, said
+
+def test_a_misspelt_name_is_named_with_the_closest_known_one() -> None:
+    done = run("check-config", env=clean_env(
+        SEE_STATE_DIR="", SEE_POLL_INTERVALL="5", OTEL_EXPORTER_OTLP_ENDPIONT="http://c:4318",
+        OTEL_METRIC_EXPORT_TIMEOUT="5000", SEE_NOTHING_LIKE_IT="1",
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://c:4318", SEE_EVENT_ID="from a hook"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "configuration warning: OTEL_EXPORTER_OTLP_ENDPIONT is set, but the exporter reads no "
+        "variable of that name: it has no effect; did you mean OTEL_EXPORTER_OTLP_ENDPOINT? "
+        "(run --help lists the variables)",
+        "configuration warning: OTEL_METRIC_EXPORT_TIMEOUT is set, but the exporter reads no "
+        "variable of that name: it has no effect; unset it (run --help lists the variables)",
+        "configuration warning: SEE_NOTHING_LIKE_IT is set, but the exporter reads no variable "
+        "of that name: it has no effect; unset it (run --help lists the variables)",
+        "configuration warning: SEE_POLL_INTERVALL is set, but the exporter reads no variable "
+        "of that name: it has no effect; did you mean SEE_POLL_INTERVAL? (run --help lists the "
+        "variables)",
+    ]
+
+
+def test_settings_of_an_unselected_sink_are_said_without_their_values() -> None:
+    secret = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=s;SharedAccessKey=pl4nted"
+    done = run("check-config", env=clean_env(
+        SEE_STATE_DIR="", SEE_SINKS="otlp", SEE_EVENTHUB_CONNECTION_STRING=secret,
+        SEE_EVENTHUB_NAME="hub", OTEL_METRICS_EXPORTER="prometheus"))
+    assert done.returncode == 0, done.stderr
+    assert "pl4nted" not in done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "configuration warning: SEE_EVENTHUB_CONNECTION_STRING, SEE_EVENTHUB_NAME are set, but "
+        "SEE_SINKS=otlp does not include eventhubs: nothing is sent there; expected eventhubs in "
+        "SEE_SINKS, or them unset",
+        "configuration warning: OTEL_METRICS_EXPORTER=prometheus leaves out otlp while "
+        "SEE_SINKS=otlp includes it: the otlp sink sends log records only, no metrics; expected "
+        "OTEL_METRICS_EXPORTER=otlp,prometheus to send metrics both ways",
+    ]
+    otlp_off = run("check-config", env=clean_env(
+        SEE_STATE_DIR="", SEE_SINKS="console", OTEL_EXPORTER_OTLP_HEADERS="api-key=pl4nted"))
+    assert otlp_off.stderr == (
+        "configuration warning: OTEL_EXPORTER_OTLP_HEADERS is set, but SEE_SINKS=console does "
+        "not include otlp: nothing is sent there; expected otlp in SEE_SINKS, or it unset\n")
+    # Deliberate choices say nothing: no metrics at all, or both ways.
+    for exporters in ("none", "otlp,prometheus"):
+        quiet = run("check-config", env=clean_env(SEE_STATE_DIR="", SEE_SINKS="otlp",
+                                                  OTEL_METRICS_EXPORTER=exporters))
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+@pytest.mark.timeout(60)
+def test_run_gives_the_same_warnings_at_start() -> None:
+    env = clean_env(SEE_STATE_DIR="", SEE_HEALTH_ADDR="", SEE_SINKS="console",
+                    SEE_IMDS_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+                    SEE_POLL_INTERVALL="5", SEE_EVENTHUB_NAMESPACE="ns.servicebus.windows.net")
+    checked = run("check-config", env=env).stderr.splitlines()
+    assert len(checked) == 2, checked
+    with ExporterProcess(env) as proc:
+        proc.wait_for(lambda: all(line in proc.stderr_lines for line in checked), 20,
+                      "the warnings check-config gives")
+
+
+def test_a_bare_check_config_says_the_units_file_was_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from scheduled_events_exporter import cli
+
+    unit_file = tmp_path / "env"  # stands in for /etc/scheduled-events-exporter/env
+    monkeypatch.setattr(cli, "SYSTEMD_ENV_FILE", str(unit_file))
+    for name in [n for n in os.environ if n.startswith(("SEE_", "OTEL_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SEE_STATE_DIR", "")
+    assert cli.main(["check-config"]) == 0
+    assert capsys.readouterr().err == ""
+    unit_file.write_text("SEE_SINKS=otlp\n", encoding="utf-8")
+    assert cli.main(["check-config"]) == 0
+    assert capsys.readouterr().err == (
+        f"configuration warning: {unit_file} exists and was not read: the service reads it, this "
+        f"check did not; expected check-config --env-file {unit_file}\n")
+    assert cli.main(["check-config", "--env-file", str(unit_file)]) == 0
+    assert capsys.readouterr().err == ""

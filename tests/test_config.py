@@ -264,6 +264,7 @@ def test_otlp_settings_reads_exactly_the_otlp_rows_the_table_does_not_parse() ->
     for signal in ("logs", "metrics"):
         otlp_settings.otlp_target(env, signal)
     otlp_settings.temporality(env)
+    otlp_settings.histogram_aggregation(env)
     otlp_settings.endpoint_warnings(env, {"logs": "grpc", "metrics": "grpc"})
     rows = {n for row in SETTINGS if row.name.startswith("OTEL_EXPORTER_OTLP_")
             for n in row.names}
@@ -301,6 +302,7 @@ def full_environment(tmp_path: Path) -> dict[str, str]:
         OTEL_EXPORTER_OTLP_CERTIFICATE=str(pem), OTEL_EXPORTER_OTLP_CLIENT_KEY=str(pem),
         OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE=str(pem), OTEL_EXPORTER_OTLP_INSECURE="false",
         OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="delta",
+        OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION="base2_exponential_bucket_histogram",
         OTEL_SERVICE_NAME="svc", OTEL_RESOURCE_ATTRIBUTES="team=sre")
 
 

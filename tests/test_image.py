@@ -27,6 +27,7 @@ from scheduled_events_exporter import __version__
 from scheduled_events_exporter.parser import MAX_EVENTS
 from scheduled_events_exporter.simulator import Simulator
 from tests.containers import (
+    BOOKWORM_BUILDER_BASE,
     BUILDER_BASE,
     IMAGE,
     LABELS,
@@ -39,6 +40,7 @@ from tests.containers import (
     build_image,
     cleanup,
     ensure_bases,
+    ensure_bookworm_builder,
     exec_json,
     exec_python,
     image_json,
@@ -117,6 +119,9 @@ print(json.dumps({
                            importlib.util.cache_from_source(os.path.join(d, f)))),
   "distributions": sorted(f"{d.metadata['Name']}=={d.version}"
                           for d in importlib.metadata.distributions()),
+  "licence": [str(f.locate().read_text()) for f in
+              importlib.metadata.distribution("azure-scheduled-events-exporter").files or []
+              if str(f).endswith(".dist-info/licenses/LICENSE")],
 }))
 """
 
@@ -183,6 +188,8 @@ def test_the_default_image_is_small_shell_less_and_holds_the_locked_closure(
     assert installed == expected, (sorted(installed - expected), sorted(expected - installed))
     version = podman("run", "--rm", "--no-healthcheck", image, "version").stdout.strip()
     assert version == __version__
+    # The MIT text ships beside the code (the wheel's .dist-info/licenses/, PEP 639).
+    assert seen["licence"] == [(REPO / "LICENSE").read_text()], seen["licence"]
 
 
 def test_the_shell_image_is_the_same_exporter_with_a_shell(podman: Podman, image: str,
@@ -229,6 +236,27 @@ def test_the_sbom_of_the_image_lists_exactly_the_locked_distributions(
         f"azure-scheduled-events-exporter=={__version__}"}
     assert listed == expected, (sorted(listed - expected), sorted(expected - listed))
     assert {c["type"] for c in sbom["components"]} == {"library"}, sbom["components"][:2]
+
+
+def test_a_debian_12_builder_leaves_no_installer_in_the_image(
+        podman: Podman, image: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Debian 12's Python 3.11 seeds setuptools 66 (with published vulnerabilities) as well as
+    # pip into a new venv; the Dockerfile accepts that builder, so its image must not carry
+    # either. The shell target runs on the builder's own base, so its interpreter is 3.11 here.
+    ensure_bookworm_builder(podman, tmp_path_factory.mktemp("bookworm"))
+    tag = "localhost/scheduled-events-exporter:test-bookworm"
+    try:
+        build_image(podman, tag, target="shell", builder=BOOKWORM_BUILDER_BASE)
+        seen = _contents(podman, tag)
+        assert seen["python"].startswith("3.11."), seen["python"]
+        assert seen["modules"] == [], seen  # no pip, setuptools, wheel or _distutils_hack
+        assert not [n for n in seen["bin"] if n.startswith(("pip", "easy_install", "wheel"))], seen
+        installed = {_canonical(d) for d in seen["distributions"]}
+        expected = _locked("3.11") | {f"azure-scheduled-events-exporter=={__version__}"}
+        assert installed == expected, (sorted(installed - expected), sorted(expected - installed))
+        assert seen["licence"] == [(REPO / "LICENSE").read_text()]
+    finally:
+        podman("rmi", "-f", tag, check=False)
 
 
 # --- in a pod beside a simulated IMDS ------------------------------------------------------

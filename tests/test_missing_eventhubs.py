@@ -57,7 +57,7 @@ def test_connection_string_without_azure_eventhub(tmp_path: Path, command: str) 
     (line,) = result.stderr.splitlines()
     assert line == (
         "configuration error: SEE_SINKS='eventhubs': the eventhubs sink needs azure-eventhub, "
-        "which is not installed; expected it installed (pip install 'azure-eventhub==5.15.1') "
+        "which is not installed; expected it installed (pip install 'azure-eventhub>=5.12.0,<6') "
         "or eventhubs removed from SEE_SINKS")
     assert "dGVzdA==" not in result.stderr + result.stdout
 
@@ -68,7 +68,16 @@ def test_managed_identity_without_either_package(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.splitlines()
     assert "SEE_SINKS='eventhubs'" in line and "azure-eventhub and azure-identity" in line
-    assert "pip install 'azure-eventhub==5.15.1' 'azure-identity==1.27.0'" in line
+    assert "pip install 'azure-eventhub>=5.12.0,<6' 'azure-identity>=1.16.1,<2'" in line
+
+
+def test_the_install_advice_is_the_range_pyproject_declares() -> None:
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml")
+                              .read_text(encoding="utf-8"))
+    declared = pyproject["project"]["dependencies"]
+    assert "azure-eventhub>=5.12.0,<6" in declared and "azure-identity>=1.16.1,<2" in declared
 
 
 def test_the_blocker_is_the_only_difference(tmp_path: Path) -> None:

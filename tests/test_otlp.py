@@ -227,3 +227,43 @@ def test_cancellation(sim: Simulator, rotel: RotelReceiver, tmp_path: Path) -> N
 
 def wait_for_first_poll(sim: Simulator) -> None:
     assert sim.wait_for_requests(1, timeout=20, path_prefix="/metadata/scheduledevents")
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.timeout(60)
+def test_histograms_are_exponential_when_the_variable_says_so(
+    sim: Simulator, rotel: RotelReceiver, tmp_path: Path, protocol: str
+) -> None:
+    """OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION (Azure Monitor's OTLP guides
+    recommend exponential histograms with delta temporality) reaches the collector as asked."""
+    env = otlp_env(sim, rotel, tmp_path, protocol)
+    env["OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"] = (
+        "base2_exponential_bucket_histogram")
+    env["OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"] = "delta"
+    # Exemplars on: every point carries them, and the collector must still take the request.
+    env["OTEL_METRICS_EXEMPLAR_FILTER"] = "always_on"
+    service = f"see-test-{tmp_path.name}"
+    with ExporterProcess(env) as proc:
+        proc.wait_for(lambda: "first document received" in proc.stderr(), 30, "a first poll")
+        sim.set_events([freeze()])
+        wait_logs(rotel, tmp_path, 1)
+        notice = rotel.wait_for_metric(
+            "azure.scheduled_events.notice",
+            lambda m: m.resource.get("service.name") == service and bool(m.points),
+            timeout=20,
+        )
+        duration = rotel.wait_for_metric(
+            "azure.scheduled_events.imds.duration",
+            lambda m: m.resource.get("service.name") == service and bool(m.points),
+            timeout=20,
+        )
+        assert proc.terminate() == 0
+    assert (notice.kind, notice.temporality, notice.unit) == (
+        "ExponentialHistogram", "AGGREGATION_TEMPORALITY_DELTA", "s")
+    (point,) = notice.points
+    assert point.count == 1 and point.sum is not None and point.sum > 1e9  # 2099 is far away
+    assert point.bounds == ()  # no explicit buckets: the exponential ones instead
+    assert sum(point.bucket_counts) == 1
+    assert point.exemplars == 1  # the one recorded notice, as its exemplar
+    assert duration.kind == "ExponentialHistogram"
+    assert all(p.count and sum(p.bucket_counts) == p.count for p in duration.points)

@@ -4,15 +4,41 @@ the OTLP metrics data model lays them out. Delivery to a real collector: tests/t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 from opentelemetry.metrics import Observation
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics import (
+    AlwaysOnExemplarFilter,
+    Counter,
+    Exemplar,
+    Histogram,
+    MeterProvider,
+    ObservableGauge,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Buckets,
+    ExponentialHistogram,
+    ExponentialHistogramDataPoint,
+    InMemoryMetricReader,
+    Metric,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.metrics.view import (
+    Aggregation,
+    ExplicitBucketHistogramAggregation,
+    ExponentialBucketHistogramAggregation,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from scheduled_events_exporter.model import Transition, TransitionKind
 from scheduled_events_exporter.records import make_record, to_attributes
@@ -22,6 +48,7 @@ from scheduled_events_exporter.sinks.otlp_proto import (
     logs_request,
     metrics_request,
 )
+from scheduled_events_exporter.telemetry import NOTICE_BUCKETS
 from tests.test_records import AT, FREEZE, VM
 
 RESOURCE = Resource.create({"service.name": "see", "host.id": "vm-1"})
@@ -114,18 +141,26 @@ def test_metrics_keep_their_kind_temporality_and_points() -> None:
     assert (gauge.as_double, value(gauge.attributes[0].value)) == (2.5, "E1")
 
 
-def test_metrics_request_is_the_message_the_sdks_own_encoder_builds() -> None:
-    """A second, independent implementation: the OTLP exporters' public ``encode_metrics``
-    (a test dependency only) must build the same message from the same collection."""
-    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(resource=RESOURCE, metric_readers=[reader])
-    meter = provider.get_meter("scheduled_events_exporter", "1.2.3")
+def _collect(aggregation: Aggregation, temporality: AggregationTemporality) -> MetricsData:
+    """Every instrument kind, collected with ``aggregation`` for histograms, ``temporality``
+    for all, exemplars on (some recorded inside a span) and a scope with attributes."""
+    reader = InMemoryMetricReader(
+        preferred_temporality={kind: temporality for kind in (
+            Counter, UpDownCounter, Histogram, ObservableGauge)},
+        preferred_aggregation={Histogram: aggregation})
+    provider = MeterProvider(resource=RESOURCE, metric_readers=[reader],
+                             exemplar_filter=AlwaysOnExemplarFilter())
+    meter = provider.get_meter("scheduled_events_exporter", "1.2.3",
+                               attributes={"k8s.pod.name": "see-0", "replica": 2})
+    tracer = TracerProvider().get_tracer("test")
     meter.create_counter("c", unit="{x}", description="a counter").add(3, {"k": "v", "n": 2})
     meter.create_up_down_counter("u").add(-4)
-    histogram = meter.create_histogram("h", unit="s")
-    for seconds in (0.2, 7.5, 3600.0):
+    histogram = meter.create_histogram("h", unit="s",
+                                       explicit_bucket_boundaries_advisory=NOTICE_BUCKETS)
+    with tracer.start_as_current_span("poll"):
+        histogram.record(0.2, {"ok": True})
+        meter.create_counter("c2").add(1.5)
+    for seconds in (0.0, 7.5, 3600.0, 3600.0):
         histogram.record(seconds, {"ok": True})
     meter.create_observable_gauge(
         "g", callbacks=[lambda _: [Observation(2.5, {"id": "E1"}), Observation(-1, {"id": "E2"})]])
@@ -134,4 +169,62 @@ def test_metrics_request_is_the_message_the_sdks_own_encoder_builds() -> None:
     finally:
         provider.shutdown()
     assert data is not None
-    assert metrics_request(data) == encode_metrics(data)
+    return data
+
+
+@pytest.mark.parametrize("temporality", [AggregationTemporality.CUMULATIVE,
+                                         AggregationTemporality.DELTA], ids=["cumulative", "delta"])
+@pytest.mark.parametrize(("aggregation", "kind"), [
+    (ExplicitBucketHistogramAggregation(), "histogram"),
+    (ExponentialBucketHistogramAggregation(), "exponential_histogram"),
+], ids=["explicit", "exponential"])
+def test_metrics_request_is_byte_for_byte_what_the_sdks_own_encoder_builds(
+        aggregation: Aggregation, kind: str, temporality: AggregationTemporality) -> None:
+    """A second, independent implementation: the OTLP exporters' public ``encode_metrics``
+    (a test dependency only) must build the same bytes from the same collection, for every
+    histogram aggregation the SDK offers, with exemplars and scope attributes."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    data = _collect(aggregation, temporality)
+    ours = metrics_request(data)
+    assert ours.SerializeToString(deterministic=True) == encode_metrics(data).SerializeToString(
+        deterministic=True)
+    # The shapes the comparison covered are there (a vacuous match proves nothing).
+    (scope,) = ours.resource_metrics[0].scope_metrics
+    assert {kv.key: value(kv.value) for kv in scope.scope.attributes} == {
+        "k8s.pod.name": "see-0", "replica": 2}
+    metrics = {m.name: m for m in scope.metrics}
+    assert metrics["h"].WhichOneof("data") == kind
+    (point,) = getattr(metrics["h"], kind).data_points
+    assert point.count == 5 and point.exemplars
+    assert getattr(metrics["h"], kind).aggregation_temporality == temporality.value
+    in_span = [e for m in scope.metrics for p in _points(m) for e in p.exemplars if e.trace_id]
+    assert in_span and all(len(e.trace_id) == 16 and len(e.span_id) == 8 for e in in_span)
+
+
+def _points(metric: pb.Metric) -> Any:
+    return getattr(metric, metric.WhichOneof("data")).data_points
+
+
+def test_an_exponential_histogram_with_negative_and_empty_ranges_is_the_sdks_bytes() -> None:
+    """Shapes the SDK's histogram instrument never records (negative values, no positive
+    buckets, the no-recorded-value flag), built by hand: still the public encoder's bytes."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    exemplars = [Exemplar({"why": "late"}, -2, 10), Exemplar({}, 0.5, 11, span_id=7,
+                                                              trace_id=2**127 + 5)]
+    points = [
+        ExponentialHistogramDataPoint({"a": "b"}, 1, 20, 4, -3.5, 3, 1, Buckets(0, []),
+                                      Buckets(-2, [1, 0, 2]), 0, -2.0, 0.0, exemplars),
+        ExponentialHistogramDataPoint({}, 1, 20, 0, 0, 0, 0, Buckets(0, []), Buckets(0, []),
+                                      1, math.inf, -math.inf),
+    ]
+    metric = Metric("e", "", "s", ExponentialHistogram(points, AggregationTemporality.DELTA))
+    data = MetricsData([ResourceMetrics(RESOURCE, [ScopeMetrics(
+        InstrumentationScope("s", None, None, {"x": 1.5}), [metric], "")], "")])
+    ours = metrics_request(data)
+    assert ours.SerializeToString(deterministic=True) == encode_metrics(data).SerializeToString(
+        deterministic=True)
+    first = ours.resource_metrics[0].scope_metrics[0].metrics[0].exponential_histogram
+    assert list(first.data_points[0].negative.bucket_counts) == [1, 0, 2]
+    assert not first.data_points[0].HasField("positive")

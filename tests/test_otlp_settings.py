@@ -8,6 +8,7 @@ import pytest
 
 from scheduled_events_exporter.otlp_settings import (
     OtlpTarget,
+    histogram_aggregation,
     otlp_target,
     parse_headers,
     temporality,
@@ -106,6 +107,17 @@ def test_tls_files_are_checked_only_when_asked() -> None:
     _, problems = otlp_target({"OTEL_EXPORTER_OTLP_CERTIFICATE": "/no/such.pem"}, "logs",
                               check_files=False)
     assert problems == []
+
+
+def test_histogram_aggregation_takes_the_two_values_the_sdk_names() -> None:
+    name = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+    assert histogram_aggregation({}) == ("explicit_bucket_histogram", [])
+    assert histogram_aggregation({name: " Base2_Exponential_Bucket_Histogram "}) == (
+        "base2_exponential_bucket_histogram", [])
+    value, problems = histogram_aggregation({name: "exponential"})
+    assert value == "explicit_bucket_histogram"
+    assert problems == [f"{name}='exponential': expected explicit_bucket_histogram or "
+                        "base2_exponential_bucket_histogram"]
 
 
 def test_temporality_preference() -> None:

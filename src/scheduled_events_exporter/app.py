@@ -25,12 +25,19 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
 from scheduled_events_exporter.model import InstanceInfo
+from scheduled_events_exporter.platforms import dir_lock
 from scheduled_events_exporter.platforms import stop as stop_requests
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.poller import Clock, Poller, Submitter, with_vm_name
 from scheduled_events_exporter.records import TransitionRecord, body, for_log
 from scheduled_events_exporter.sinks import Sink, create_sinks
 from scheduled_events_exporter.spool import waiting_elsewhere
-from scheduled_events_exporter.state import PersistedState, StateCommitter, StateStore
+from scheduled_events_exporter.state import (
+    NewerStateFile,
+    PersistedState,
+    StateCommitter,
+    StateStore,
+)
 from scheduled_events_exporter.telemetry import Telemetry, build_resource, severity
 from scheduled_events_exporter.write_faults import WriteFault
 
@@ -45,6 +52,9 @@ INSTANCE_WAIT = 2.0
 SHUTDOWN_GRACE = 5.0
 #: The exit code of a shutdown the watchdog ended (a restart is safe: nothing is lost).
 EXIT_STUCK = 1
+#: The exit code when another exporter holds SEE_STATE_DIR (docs/semantics.md, "One exporter
+#: per state directory").
+EXIT_STATE_DIR_BUSY = 3
 
 
 def exit_if_stuck(seconds: float, spooled: bool = True,
@@ -365,11 +375,26 @@ class Exporter:
 def run(config: Config, stop: threading.Event, finished: threading.Event | None = None) -> int:
     """Run until ``stop`` is set; exit code 0 after a clean shutdown. ``finished`` is set once
     the shutdown is done (Windows' console handler waits for it before the OS ends us)."""
+    lock: dir_lock.DirectoryLock | None = None
+    if config.state_dir is not None:
+        try:
+            lock = lock_state_dir(config, stop)
+        except dir_lock.DirectoryBusy as busy:
+            log.error("cannot start: %s; one exporter per state directory: stop the other one, "
+                      "or give this one another SEE_STATE_DIR (exit code %d)", busy,
+                      EXIT_STATE_DIR_BUSY)
+            return EXIT_STATE_DIR_BUSY
+        except OSError as exc:
+            log.error("cannot start: state directory %s: %s", config.state_dir, exc)
+            return 1
     try:
         exporter = Exporter(config)
-    except OSError as exc:
-        # E.g. SEE_HEALTH_ADDR already in use, or the state directory vanished.
+    except (OSError, NewerStateFile) as exc:
+        # E.g. SEE_HEALTH_ADDR already in use, the state directory vanished, or a newer
+        # release's state file this one cannot read.
         log.error("cannot start: %s", exc)
+        if lock is not None:
+            lock.release()
         return 1
     exporter.start()
     stop_requests.wait_for(stop)
@@ -380,5 +405,26 @@ def run(config: Config, stop: threading.Event, finished: threading.Event | None 
     finally:
         if finished is not None:
             finished.set()
+    if lock is not None:
+        lock.release()
     log.info("stopped%s", "" if drained else " with undelivered records")
     return 0
+
+
+def lock_state_dir(config: Config, stop: threading.Event) -> dir_lock.DirectoryLock:
+    """Take SEE_STATE_DIR for this process before anything in it is read.
+
+    A holder that is stopping (a service restarted while the old process drains) is waited
+    for as long as its shutdown can take (``SEE_SHUTDOWN_TIMEOUT`` plus the watchdog's grace);
+    one that is still there then is another exporter on the same directory:
+    :class:`~scheduled_events_exporter.platforms.dir_lock.DirectoryBusy`."""
+    assert config.state_dir is not None
+    FILES.make_dirs(config.state_dir)
+    wait = config.shutdown_timeout + SHUTDOWN_GRACE
+
+    def waiting(holder: str) -> None:
+        log.warning("state directory %s is held by another exporter (%s); waiting up to %g s "
+                    "for it to stop", config.state_dir, holder or "holder unknown", wait)
+
+    return dir_lock.acquire(config.state_dir, wait=wait, waiting=waiting, sleep=stop.wait,
+                            cancelled=stop.is_set)

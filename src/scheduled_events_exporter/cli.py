@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 EXIT_CONFIG = 2
 
 
-def _load(*, create: bool = True) -> Config | None:
+def _load(env: dict[str, str] | None = None, *, create: bool = True) -> Config | None:
     from scheduled_events_exporter.config import ConfigError, load_config
 
     try:
-        config = load_config(create=create)
+        config = load_config(env, create=create)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"configuration error: {problem}", file=sys.stderr)
@@ -121,11 +121,40 @@ def _init_state_dir(args: list[str]) -> int:
     return 0
 
 
-def _check_config() -> int:
-    config = _load(create=False)
+#: Where config/systemd/'s unit reads its environment file (EnvironmentFile=).
+SYSTEMD_ENV_FILE = "/etc/scheduled-events-exporter/env"
+
+
+def _check_config(args: list[str]) -> int:
+    from pathlib import Path
+
+    from scheduled_events_exporter.env_file import EnvFileError, read_env_file
+
+    files = args[1::2]
+    if args[0::2] != ["--env-file"] * len(files) or len(args) % 2:
+        print("check-config: expected [--env-file FILE]... (see --help), got "
+              f"{' '.join(args)!r}", file=sys.stderr)
+        return EXIT_CONFIG
+    env = dict(os.environ)
+    notes: list[str] = []
+    for name in files:
+        try:
+            parsed = read_env_file(Path(name))
+        except EnvFileError as exc:
+            print(f"check-config: --env-file {name}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        # As systemd: the file's assignments replace what the unit's Environment= set.
+        env.update(parsed.values)
+        notes.extend(f"{name}: {note}" for note in parsed.ignored)
+    if not files and sys.platform != "win32" and os.path.isfile(SYSTEMD_ENV_FILE):
+        notes.append(f"{SYSTEMD_ENV_FILE} exists and was not read: the service reads it, this "
+                     f"check did not; expected check-config --env-file {SYSTEMD_ENV_FILE}")
+    for note in notes:
+        print(f"configuration warning: {note}", file=sys.stderr)
+    config = _load(env, create=False)
     if config is None:
         return EXIT_CONFIG
-    for line in config.describe(os.environ):
+    for line in config.describe(env):
         print(line)
     return 0
 
@@ -182,11 +211,17 @@ def _run_help() -> str:
     return _RUN_HELP.format(variables=textwrap.fill(", ".join(r.name for r in SETTINGS), 96))
 
 
-_CHECK_HELP = """usage: scheduled-events-exporter check-config
+_CHECK_HELP = """usage: scheduled-events-exporter check-config [--env-file FILE]...
 
 Validate the configuration exactly as "run" would (the same variables: see "run --help"), print
 the effective value of every setting with secrets redacted, and exit: 0 when "run" would start,
 2 with one line per problem otherwise. It creates, writes and connects to nothing.
+
+--env-file FILE: also read FILE, in systemd's EnvironmentFile= syntax (KEY=VALUE lines,
+comments, quotes), over this shell's environment, as the service gets it; for the systemd
+unit: sudo scheduled-events-exporter check-config --env-file /etc/scheduled-events-exporter/env
+Warnings (stderr, as at "run" start) name what is set but has no effect: an unknown SEE_* or
+OTEL_* name, settings of a sink SEE_SINKS does not select, lines systemd would ignore.
 """
 
 _PROBE_HELP = """usage: scheduled-events-exporter probe [healthz|readyz]
@@ -247,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _init_state_dir(rest)
     if command == "probe" and rest in ([], ["healthz"], ["readyz"]):
         return _probe(rest[0] if rest else "healthz")
+    if command == "check-config":
+        return _check_config(rest)
     if rest:
         print(f"scheduled-events-exporter {command}: unexpected arguments: {' '.join(rest)} "
               f"(it is configured by environment variables; see "
@@ -255,6 +292,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "version":
         print(__version__)
         return 0
-    if command == "check-config":
-        return _check_config()
     return _run()

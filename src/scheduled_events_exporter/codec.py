@@ -5,10 +5,15 @@ Every field of a dataclass is written under its own name, and read back by the t
 annotation declares: ``str``, ``int`` (never a bool), ``float``, ``bool``, ``datetime`` (ISO
 8601 with an offset), an ``Enum`` (its value), ``X | None``, ``tuple[X, ...]``,
 ``Mapping[str, X]`` (a list of ``[key, value]`` pairs, so the order survives), a union of
-JSON types, and nested dataclasses. Decoding is strict on every field: a missing field, an
-unknown one or a value of another type raises ``ValueError`` naming where it is, so a damaged
-file is detected (and set aside) instead of half-loaded. A new field is one line in its
-dataclass, nothing here.
+JSON types, and nested dataclasses.
+
+The files evolve (docs/semantics.md#compatibility): a field a reader does not know was written
+by a newer release and is ignored (``decode``'s ``ignored`` names them, so the caller can say
+so once); a field a reader misses was not yet written by an older release and takes its
+default. Everything else stays strict: a value of another type, or a missing field that has no
+default, raises ``ValueError`` naming where it is, so a damaged file is detected instead of
+half-loaded. A new field is one line in its dataclass, with a default (so older files still
+read), and nothing here.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -31,6 +37,8 @@ Json = dict[str, Any]
 
 Encoder = Callable[[Any], Any]
 Decoder = Callable[[object], Any]
+#: Where the decode under way notes the fields it skipped (``None``: nobody asked).
+_IGNORED: ContextVar[set[str] | None] = ContextVar("codec_ignored", default=None)
 
 
 def encode(value: Any) -> Any:
@@ -48,14 +56,19 @@ def encode(value: Any) -> Any:
     return value
 
 
-def decode(kind: type[T], data: object, where: str = "") -> T:
+def decode(kind: type[T], data: object, where: str = "",
+           ignored: set[str] | None = None) -> T:
     """Read ``data`` back as ``kind`` (a dataclass); ``ValueError`` naming the field when it
-    does not have the declared shape."""
+    does not have the declared shape. Fields no dataclass here declares (a newer release
+    wrote them) are skipped and, when ``ignored`` is given, added to it as ``Type.field``."""
+    token = _IGNORED.set(ignored)
     try:
         return typing.cast(T, _decoder(typing.cast(Any, kind))(data))
     except _Bad as bad:
         raise ValueError(f"{where or kind.__name__}{''.join(reversed(bad.path))}: "
                          f"{bad.message}") from None
+    finally:
+        _IGNORED.reset(token)
 
 
 # The converters are built once per type from its annotations (a state file of 400 events is
@@ -136,16 +149,26 @@ def _dataclass_decoder(kind: type) -> Decoder:
     names = [f.name for f in dataclasses.fields(kind)]
     fields = tuple((name, _decoder(hints[name])) for name in names)
     expected = frozenset(names)
+    # A field with a default may be missing (an older release did not write it yet); one
+    # without cannot, so a file that lost it is damaged, not old.
+    required = [f.name for f in dataclasses.fields(kind)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
     def read(data: object) -> Any:
         if not isinstance(data, dict):
             raise _Bad(f"expected an object, got {type(data).__name__}")
-        if data.keys() != expected:
-            missing = [n for n in names if n not in data]
-            unknown = sorted(set(data) - expected)
-            raise _Bad(f"expected the fields {names}, missing {missing}, unknown {unknown}")
+        present = fields
+        if data.keys() != expected:  # the common case is exact: no per-field lookups then
+            missing = [n for n in required if n not in data]
+            if missing:
+                raise _Bad(f"expected the fields {names}, missing {missing} (which have no "
+                           "default)")
+            unknown = data.keys() - expected
+            if unknown and (note := _IGNORED.get()) is not None:
+                note.update(f"{kind.__name__}.{name}" for name in unknown)
+            present = tuple((name, convert) for name, convert in fields if name in data)
         values = {}
-        for name, convert in fields:
+        for name, convert in present:
             try:
                 values[name] = convert(data[name])
             except _Bad as bad:
@@ -239,9 +262,9 @@ def encode_state(state: TrackerState) -> Json:
     return encoded
 
 
-def decode_state(data: object) -> TrackerState:
-    """Inverse of :func:`encode_state`."""
-    return decode(TrackerState, data, "state")
+def decode_state(data: object, ignored: set[str] | None = None) -> TrackerState:
+    """Inverse of :func:`encode_state` (``ignored``: see :func:`decode`)."""
+    return decode(TrackerState, data, "state", ignored)
 
 
 def encode_record(record: TransitionRecord) -> Json:
@@ -250,6 +273,6 @@ def encode_record(record: TransitionRecord) -> Json:
     return encoded
 
 
-def decode_record(data: object) -> TransitionRecord:
-    """Inverse of :func:`encode_record`."""
-    return decode(TransitionRecord, data, "record")
+def decode_record(data: object, ignored: set[str] | None = None) -> TransitionRecord:
+    """Inverse of :func:`encode_record` (``ignored``: see :func:`decode`)."""
+    return decode(TransitionRecord, data, "record", ignored)

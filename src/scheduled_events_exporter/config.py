@@ -91,6 +91,9 @@ class Config:
     otlp_metrics: OtlpTarget = DEFAULT_METRICS_TARGET
     #: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE: cumulative, delta or lowmemory.
     metrics_temporality: str = "cumulative"
+    #: OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: explicit_bucket_histogram or
+    #: base2_exponential_bucket_histogram (OTLP metrics only; Prometheus keeps explicit buckets).
+    metrics_histogram_aggregation: str = "explicit_bucket_histogram"
     #: Seconds between OTLP metric exports while nothing changes (OTel default 60 s).
     metric_export_interval: float = 60.0
     log_level: str = "INFO"
@@ -515,6 +518,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(f"{_OTLP}CLIENT_CERTIFICATE", per_signal=True),
     Setting(f"{_OTLP}INSECURE", per_signal=True),
     Setting(f"{_OTLP}METRICS_TEMPORALITY_PREFERENCE"),
+    Setting(f"{_OTLP}METRICS_DEFAULT_HISTOGRAM_AGGREGATION"),
     # The SDK's resource detector reads these two. It drops a pair without '=' with a warning
     # nobody sees (the SDK's logger is not ours): a missing attribute would only be noticed
     # when a dashboard or an alert that groups by it misses this VM, so that much is checked.
@@ -613,6 +617,8 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
     problems.extend(dict.fromkeys([*logs_problems, *metrics_problems]))
     temporality, temporality_problems = otlp_settings.temporality(env)
     problems.extend(temporality_problems)
+    aggregation, aggregation_problems = otlp_settings.histogram_aggregation(env)
+    problems.extend(aggregation_problems)
     if "otlp" in (config.metrics_exporters_set or ()) and "otlp" not in sinks:
         problems.append(
             f"OTEL_METRICS_EXPORTER={_show(env['OTEL_METRICS_EXPORTER'])}: otlp metrics need the "
@@ -636,6 +642,8 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
                     if name.startswith("SEE_APPROVE_") and name not in approve
                     and env[name].strip())
     warnings = api_versions.check(config.imds_api_version)[1]
+    warnings.extend(_unknown_names(env))
+    warnings.extend(_without_effect(config, env))
     if "eventhubs" in sinks:
         warnings.extend(_eventhubs_warnings(config))
     if "otlp" in sinks:
@@ -644,7 +652,65 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
             protocols["metrics"] = metrics.protocol
         warnings.extend(otlp_settings.endpoint_warnings(env, protocols))
     return replace(config, otlp_logs=logs, otlp_metrics=metrics,
-                   metrics_temporality=temporality, warnings=tuple(warnings)), problems
+                   metrics_temporality=temporality, metrics_histogram_aggregation=aggregation,
+                   warnings=tuple(warnings)), problems
+
+
+#: Variables of these prefixes are the exporter's or its OTLP and metrics configuration: one it
+#: does not read is most likely a misspelling, which would otherwise change nothing unsaid.
+_OWN_PREFIXES = ("SEE_", "OTEL_EXPORTER_OTLP_", "OTEL_METRIC")
+#: Read elsewhere, or the specification's for a signal the exporter does not send (a shared
+#: environment may well set them): no warning. SEE_APPROVE_* has its own (an error).
+_NOT_OURS = ("SEE_EVENT_", "SEE_FAILPOINT", "SEE_APPROVE_", "OTEL_EXPORTER_OTLP_TRACES_")
+
+
+def known_names() -> frozenset[str]:
+    """Every variable name the exporter reads (each spelling of :data:`SETTINGS`)."""
+    return frozenset(name for row in SETTINGS for name in row.names)
+
+
+def _unknown_names(env: Mapping[str, str]) -> list[str]:
+    """One warning per set SEE_*, OTEL_EXPORTER_OTLP_* or OTEL_METRIC* variable the exporter
+    does not read, with the closest name it does read. Names only: a value may be a secret."""
+    import difflib
+
+    known = known_names()
+    warnings = []
+    for name in sorted(env):
+        if not name.startswith(_OWN_PREFIXES) or name.startswith(_NOT_OURS) or name in known:
+            continue
+        # 0.85: a letter or two off (SEE_POLL_INTERVALL 0.97, ..._ENDPIONT 0.96), not another
+        # specification variable the exporter does not read (OTEL_METRIC_EXPORT_TIMEOUT 0.81).
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        hint = f"did you mean {close[0]}?" if close else "unset it"
+        warnings.append(f"{name} is set, but the exporter reads no variable of that name: it has "
+                        f"no effect; {hint} (run --help lists the variables)")
+    return warnings
+
+
+def _without_effect(config: Config, env: Mapping[str, str]) -> list[str]:
+    """Settings that are valid but do nothing as the others are set: a sink's settings while
+    SEE_SINKS does not select it, and OTEL_METRICS_EXPORTER leaving out the otlp sink's
+    metrics. Each names both variables, never a value (credentials among them)."""
+    sinks = ",".join(config.sinks)
+    warnings = []
+    for sink, prefix in (("eventhubs", "SEE_EVENTHUB_"), ("otlp", _OTLP)):
+        if sink in config.sinks:
+            continue
+        names = sorted(n for row in SETTINGS for n in row.names
+                       if n.startswith(prefix) and env.get(n, "").strip())
+        if names:
+            warnings.append(f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} set, but "
+                            f"SEE_SINKS={sinks} does not include {sink}: nothing is sent there; "
+                            f"expected {sink} in SEE_SINKS, or "
+                            f"{'it' if len(names) == 1 else 'them'} unset")
+    chosen = config.metrics_exporters_set
+    if "otlp" in config.sinks and chosen and "otlp" not in chosen:
+        warnings.append(f"OTEL_METRICS_EXPORTER={','.join(chosen)} leaves out otlp while "
+                        f"SEE_SINKS={sinks} includes it: the otlp sink sends log records only, "
+                        f"no metrics; expected OTEL_METRICS_EXPORTER=otlp,{','.join(chosen)} to "
+                        "send metrics both ways")
+    return warnings
 
 
 def _check_eventhubs(config: Config) -> list[str]:
@@ -698,24 +764,25 @@ def _eventhubs_warnings(config: Config) -> list[str]:
 def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> list[str]:
     """The Event Hubs sink's packages are regular dependencies, but a trimmed install (or an
     old one made without them) must fail as a configuration error, not with a traceback."""
-    missing = []
+    # The ranges of pyproject.toml (tests/test_missing_eventhubs.py keeps them equal).
+    missing: list[tuple[str, str]] = []
     try:
         import azure.eventhub
     except ImportError:
-        missing.append("azure-eventhub==5.15.1")
+        missing.append(("azure-eventhub", ">=5.12.0,<6"))
     if need_identity:
         try:
             import azure.identity  # noqa: F401
         except ImportError:
-            missing.append("azure-identity==1.27.0")
+            missing.append(("azure-identity", ">=1.16.1,<2"))
     if not missing:
         return []
-    names = " and ".join(m.split("=")[0] for m in missing)
+    names = " and ".join(name for name, _ in missing)
     return [f"SEE_SINKS={','.join(sinks)!r}: the eventhubs sink needs {names}, which "
             f"{'are' if len(missing) > 1 else 'is'} not installed; expected "
             f"{'them' if len(missing) > 1 else 'it'} installed "
-            f"(pip install {' '.join(repr(m) for m in missing)}) or eventhubs removed from "
-            "SEE_SINKS"]
+            f"(pip install {' '.join(repr(name + spec) for name, spec in missing)}) or eventhubs "
+            "removed from SEE_SINKS"]
 
 
 def _could_write(path: Path) -> str:
@@ -725,9 +792,14 @@ def _could_write(path: Path) -> str:
     where ``run`` then fails."""
     created: list[Path] = []
     probe = path
-    while not probe.exists() and probe.parent != probe:
-        created.append(probe)
-        probe = probe.parent
+    try:
+        # (exists() raises, rather than says no, where a parent may not be searched: a
+        # non-root user before systemd's 0700 /var/lib/private, which run reports as a problem.)
+        while not probe.exists() and probe.parent != probe:
+            created.append(probe)
+            probe = probe.parent
+    except OSError as exc:
+        return f"expected a writable directory ({exc.strerror or exc})"
     try:
         return _check_writable(path)
     finally:

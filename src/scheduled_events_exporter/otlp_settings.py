@@ -19,7 +19,9 @@ read here, once, as the OpenTelemetry specification and the Python SDK read them
 * ``..._COMPRESSION``: ``gzip`` or ``none``; ``..._CERTIFICATE``, ``..._CLIENT_KEY``,
   ``..._CLIENT_CERTIFICATE``: PEM files for TLS;
 * ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``: ``cumulative`` (default), ``delta`` or
-  ``lowmemory``.
+  ``lowmemory``;
+* ``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION``: ``explicit_bucket_histogram``
+  (default: the exporter's advised bucket boundaries) or ``base2_exponential_bucket_histogram``.
 
 Pure: a mapping of variables in, values or one problem line per variable out (and warnings
 about endpoints that look like a mix-up). :data:`.config.SETTINGS` has a row for each variable
@@ -39,6 +41,7 @@ PROTOCOLS: Final = ("http/protobuf", "grpc")
 SIGNALS: Final = ("logs", "metrics")
 COMPRESSIONS: Final = ("gzip", "none")
 TEMPORALITIES: Final = ("cumulative", "delta", "lowmemory")
+HISTOGRAM_AGGREGATIONS: Final = ("explicit_bucket_histogram", "base2_exponential_bucket_histogram")
 DEFAULT_TIMEOUT: Final = 10.0
 _DEFAULT_ENDPOINT = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 #: gRPC name-resolver schemes (gRPC's doc/naming.md): such a target goes to the client as is.
@@ -226,6 +229,20 @@ def temporality(env: Mapping[str, str]) -> tuple[str, list[str]]:
     if raw and raw not in TEMPORALITIES:
         return "cumulative", [f"{name}={raw[:40]!r}: expected cumulative, delta or lowmemory"]
     return raw or "cumulative", []
+
+
+def histogram_aggregation(env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` and its problem, if any.
+
+    The SDK's OTLP exporters log a warning nobody sees for another value and send explicit
+    buckets; here it is refused at start like every other malformed OTLP variable, since a user
+    who asked for exponential histograms would otherwise learn it only from a dashboard."""
+    name = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+    raw = env.get(name, "").strip().lower()
+    if raw and raw not in HISTOGRAM_AGGREGATIONS:
+        return HISTOGRAM_AGGREGATIONS[0], [
+            f"{name}={raw[:60]!r}: expected {' or '.join(HISTOGRAM_AGGREGATIONS)}"]
+    return raw or HISTOGRAM_AGGREGATIONS[0], []
 
 
 def endpoint_warnings(env: Mapping[str, str], protocols: Mapping[str, str]) -> list[str]:

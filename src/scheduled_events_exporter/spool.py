@@ -3,8 +3,11 @@
 
 An append-only log of JSON lines (``<sink>.log``, each ``{"seq": n, "record": {...}}``) plus an
 acknowledgement cursor (``<sink>.ack``, the highest delivered sequence number). Appends are
-fsynced and idempotent by sequence number; a torn last line after a crash is skipped. The log
-is compacted (rewritten atomically with only pending lines) once everything in it is delivered
+fsynced and idempotent by sequence number; a torn last line after a crash is skipped. A line
+that is whole but cannot be read as a record (another release's form this one cannot follow, or
+damage) is never dropped: :meth:`Spool.load` hands it to its caller, which moves it to the
+dead-letter file, and only then is it removed from the log. The log is compacted (rewritten
+atomically with only pending lines) once everything in it is delivered
 or it has grown past a bound, so the file stays small in steady state.
 """
 
@@ -13,7 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from scheduled_events_exporter.codec import decode_record, encode_record
@@ -24,6 +28,23 @@ from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 log = logging.getLogger(__name__)
 
 COMPACT_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableLine:
+    """A whole spool line that is not a record this release can read."""
+
+    #: Its sequence number, when the line says one.
+    seq: int | None
+    #: The line as JSON, or as text when it is not JSON at all.
+    content: object
+    #: Why it cannot be read (what was expected, what was seen).
+    reason: str
+
+
+#: Called with each unreadable line; raises ``OSError`` when it could not keep it (the line
+#: then stays in the log and is offered again at the next start).
+Reject = Callable[[UnreadableLine], None]
 
 
 class Spool:
@@ -47,39 +68,76 @@ class Spool:
         """Why the last spool write failed, while it does."""
         return self.watch.fault
 
-    def load(self) -> list[TransitionRecord]:
-        """Records appended but not acknowledged, in order (read once, at start)."""
+    def load(self, reject: Reject | None = None) -> list[TransitionRecord]:
+        """Records appended but not acknowledged, in order (read once, at start).
+
+        Each whole line that cannot be read as a record goes to ``reject`` and, once it has
+        taken them all, out of the log; without ``reject`` such lines stay where they are."""
         with self._lock:
             if self._loaded:
                 return list(self._pending)
             self._loaded = True
             pending: dict[int, TransitionRecord] = {}
-            skipped = 0
+            unreadable: list[tuple[int, UnreadableLine]] = []
+            torn: int | None = None
+            ignored: set[str] = set()
             try:
                 with self.log_path.open("rb") as handle:
-                    for line in handle:
-                        try:
-                            item = json.loads(line)
-                            seq = item["seq"]
-                            if not isinstance(seq, int):
-                                raise ValueError("seq")
-                            record = decode_record(item["record"])
-                        except (ValueError, KeyError, TypeError, RecursionError):
-                            skipped += 1
-                            continue
-                        self.last_seq = max(self.last_seq, seq)
-                        if seq > self.acked:
-                            pending[seq] = record
+                    lines = handle.readlines()
             except FileNotFoundError:
-                pass
-            if skipped:
-                log.warning(
-                    "spool %s: skipped %d unreadable lines (a torn write after a crash)",
-                    self.sink,
-                    skipped,
-                )
+                lines = []
+            for number, line in enumerate(lines, 1):
+                try:
+                    item = json.loads(line)
+                except (ValueError, RecursionError):
+                    if number == len(lines):
+                        torn = number - 1  # a crash cut the last append: it was never acknowledged
+                    else:
+                        unreadable.append((number - 1, UnreadableLine(
+                            None, line.decode("utf-8", "replace").rstrip("\n")[:4096],
+                            f"line {number} is not JSON")))
+                    continue
+                seq = item.get("seq") if isinstance(item, dict) else None
+                if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                    unreadable.append((number - 1, UnreadableLine(
+                        None, item, f"line {number}: expected an object with a sequence number "
+                                    f"\"seq\", got {type(item).__name__}")))
+                    continue
+                self.last_seq = max(self.last_seq, seq)
+                if seq <= self.acked:
+                    continue  # delivered before: not even decoded
+                try:
+                    pending[seq] = decode_record(item.get("record"), ignored)
+                except (ValueError, TypeError, RecursionError) as exc:
+                    unreadable.append((number - 1, UnreadableLine(seq, item, str(exc)[:500])))
+            if torn is not None:
+                log.warning("spool %s: skipped its last line, cut short by a crash while it "
+                            "was written (it was never acknowledged)", self.sink)
+            if ignored:
+                log.info("spool %s: ignoring fields this release does not know (a newer release "
+                         "wrote them): %s", self.sink, ", ".join(sorted(ignored)))
+            if unreadable and reject is not None:
+                self._set_aside(lines, unreadable, torn, reject)
             self._pending = [r for _, r in sorted(pending.items())]
             return list(self._pending)
+
+    def _set_aside(self, lines: list[bytes], unreadable: list[tuple[int, UnreadableLine]],
+                   torn: int | None, reject: Reject) -> None:
+        """Hand each unreadable line to ``reject``, then rewrite the log without those it took
+        (and without a torn last line)."""
+        taken: set[int] = set()
+        for index, what in unreadable:
+            try:
+                reject(what)
+            except OSError:
+                break  # kept in the log: offered again at the next start
+            taken.add(index)
+        if not taken:
+            return
+        kept = [line if line.endswith(b"\n") else line + b"\n"
+                for index, line in enumerate(lines) if index not in taken and index != torn]
+        with self.watch.guard(self.log_path):
+            write_atomically(self.log_path, b"".join(kept))
 
     def append(self, records: Sequence[TransitionRecord]) -> list[TransitionRecord]:
         """Durably append the records not already here; returns those actually appended.
@@ -138,10 +196,16 @@ class Spool:
 
     def _read_ack(self) -> int:
         try:
-            return max(0, int(self.ack_path.read_text().strip() or 0))
+            text = self.ack_path.read_text().strip()
         except FileNotFoundError:
             return 0
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            log.warning("spool %s: ack cursor unreadable (%s); redelivering from the start",
+                        self.sink, exc)
+            return 0
+        try:
+            return _cursor(text)
+        except ValueError as exc:
             # Delivering again is better than losing: restart from the beginning of the log.
             log.warning(
                 "spool %s: ack cursor unreadable (%s); redelivering from the start", self.sink, exc
@@ -159,6 +223,19 @@ def waiting_elsewhere(directory: Path, sinks: Collection[str]) -> list[tuple[str
         if path.stem not in sinks and (count := len(Spool(directory, path.stem).load())):
             found.append((path.stem, count))
     return found
+
+
+def _cursor(text: str) -> int:
+    """The ack cursor's sequence number: a bare integer (what every release so far writes), or
+    an object with ``seq`` should a later release add to it."""
+    try:
+        return max(0, int(text or 0))
+    except ValueError:
+        data = json.loads(text)
+    seq = data.get("seq") if isinstance(data, dict) else None
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise ValueError(f"expected an integer or an object with \"seq\", got {text[:40]!r}")
+    return max(0, seq)
 
 
 def _line_seq(line: bytes) -> int:

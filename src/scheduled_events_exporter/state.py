@@ -24,12 +24,28 @@ from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 log = logging.getLogger(__name__)
 
-#: 2: every field of the domain values under its own name (codec.py derives them); a file of
-#: schema 1 (a development build) is set aside once, and the exporter starts afresh.
+#: 2: every field of the domain values under its own name (codec.py derives them). An additive
+#: change (a new field with a default) keeps the number: older and newer releases both read
+#: the file (docs/semantics.md#compatibility). A change that is not additive bumps it and adds
+#: a migration from every earlier released schema to ``MIGRATIONS``. Schema 1 was written only
+#: by development builds before the first release: such a file is set aside, as a damaged one.
 SCHEMA_VERSION = 2
+#: schema → function turning that schema's top-level object into the next schema's. Empty:
+#: 2 is the first released schema (0.1.0).
+MIGRATIONS: dict[int, Callable[[dict[str, object]], dict[str, object]]] = {}
+#: The first schema a release wrote; older ones were never released and are not migrated.
+FIRST_RELEASED_SCHEMA = 2
 STATE_FILE = "state.json"
+#: The state file's top-level keys this release writes.
+KNOWN_KEYS = frozenset({"schema", "saved_at", "seq", "tracker", "outbox", "approvals"})
 #: A state file is a few KB; one far larger is not ours (or is damaged).
 MAX_STATE_BYTES = 64 * 1024 * 1024
+
+
+class NewerStateFile(Exception):
+    """The state file has a schema newer than this release reads: a newer release wrote it and
+    its format changed in a way this one cannot follow. Not set aside (that would lose what it
+    remembers): the exporter refuses to start and says what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +75,11 @@ class StateStore:
         return self.watch.fault
 
     def load(self) -> PersistedState | None:
-        """The saved state; ``None`` when there is none or it is unusable (then set aside)."""
+        """The saved state; ``None`` when there is none or it is damaged (then set aside).
+
+        Fields a newer release added are ignored (said once, at INFO); fields an older release
+        did not write take their defaults; an older released schema is migrated. Raises
+        :class:`NewerStateFile` for a schema newer than ``SCHEMA_VERSION``."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -73,20 +93,45 @@ class StateStore:
             data = json.loads(self.path.read_bytes().decode("utf-8"))
             if not isinstance(data, dict):
                 raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-            if data.get("schema") != SCHEMA_VERSION:
-                raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
+            schema = data.get("schema")
+            if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+                raise ValueError(f"schema {schema!r}, expected a schema number")
+            if schema > SCHEMA_VERSION:
+                raise NewerStateFile(
+                    f"state file {self.path} has schema {schema}, written by a newer release; "
+                    f"this release reads schemas {FIRST_RELEASED_SCHEMA} to {SCHEMA_VERSION}. "
+                    "Run the newer release again, or move the file away to start without it "
+                    "(pending events are then reported again as new)")
+            if schema < FIRST_RELEASED_SCHEMA:
+                raise ValueError(f"schema {schema}, written by a development build before "
+                                 f"the first release (this release reads {FIRST_RELEASED_SCHEMA}"
+                                 f" to {SCHEMA_VERSION})")
+            while schema < SCHEMA_VERSION:
+                data, schema = MIGRATIONS[schema](data), schema + 1
             seq = data.get("seq", 0)
             if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
                 raise ValueError("seq: expected a non-negative integer")
             approvals = data.get("approvals", [])
             if not isinstance(approvals, list) or not all(isinstance(a, str) for a in approvals):
                 raise ValueError("approvals: expected a list of strings")
-            return PersistedState(
-                tracker=decode_state(data["tracker"]),
+            outbox = data.get("outbox", [])
+            if not isinstance(outbox, list):
+                raise ValueError("outbox: expected a list of records")
+            ignored: set[str] = set()
+            if "tracker" not in data:
+                raise ValueError("tracker: missing")
+            loaded = PersistedState(
+                tracker=decode_state(data["tracker"], ignored),
                 seq=seq,
-                outbox=tuple(decode_record(r) for r in data.get("outbox", [])),
+                outbox=tuple(decode_record(r, ignored) for r in outbox),
                 approvals=tuple(approvals),
             )
+            ignored.update(f"state.{key}" for key in data.keys() - KNOWN_KEYS)
+            if ignored:
+                log.info("state file %s: ignoring fields this release does not know (a newer "
+                         "release wrote them; they are not kept): %s",
+                         self.path, ", ".join(sorted(ignored)))
+            return loaded
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
             try:

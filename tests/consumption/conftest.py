@@ -34,7 +34,8 @@ def kusto_results(all_kql: list[ch.KqlQuery]) -> dict[str, dict[str, Any]]:
 def tsc_errors() -> dict[str, list[str]]:
     """tsc --strict errors for every generated module (dashboards and Kubernetes manifests)."""
     ch.require_tools()
-    dashboards = {**ch.grafana_dashboards(), **native_otlp_dashboards()}
+    dashboards = {**ch.grafana_dashboards(), **native_otlp_dashboards(),
+                  **ch.app_insights_dashboards()}
     modules = {
         f"grafana_{ch.ts_ident(name)}.ts": ch.grafana_typescript(name, dashboard)
         for name, dashboard in dashboards.items()

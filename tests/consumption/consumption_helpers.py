@@ -35,6 +35,7 @@ CONFIG = REPO / "config"
 KQL_DIR = CONFIG / "kql"
 AZURE_DIR = CONFIG / "azure"
 GRAFANA_DIR = CONFIG / "grafana"
+APP_INSIGHTS_GRAFANA_DIR = GRAFANA_DIR / "app-insights"
 PROMETHEUS_DIR = CONFIG / "prometheus"
 COLLECTOR_DIR = CONFIG / "otel-collector"
 K8S_DIR = CONFIG / "k8s"
@@ -46,6 +47,8 @@ INSTALL_HINT = "run `bash .ci/install-consumption-tools.sh`"
 TRANSITIONS_TABLE = "AzureScheduledEvents_CL"
 METRICS_TABLE = "AzureScheduledEventsMetrics_CL"
 OTEL_LOGS_TABLE = "OTelLogs"
+APP_TRACES_TABLE = "AppTraces"
+APP_METRICS_TABLE = "AppMetrics"
 DCR_SOURCE_TABLE = "source"
 
 #: The metrics snapshot table (RecordKind = "metrics" messages on the Event Hubs path). The exporter
@@ -100,6 +103,83 @@ OTEL_LOGS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("_SubscriptionId", "string"),
 )
 
+#: Application Insights tables as Azure Monitor's reference publishes them (Azure Monitor Logs
+#: reference, "AppTraces" and "AppMetrics":
+#: learn.microsoft.com/azure/azure-monitor/reference/tables/apptraces and .../appmetrics; source
+#: the include files for both tables in MicrosoftDocs/azure-reference-other, folder
+#: azure-monitor-ref/tables/includes, at 04e8b5c978e7aa75c2917ee23ef053b529f95374), every column in
+#: its order.
+#: The Collector's azuremonitor exporter writes a log record to AppTraces (Message: the body;
+#: Properties: resource, scope and record attributes, each as a string) and a metric data point
+#: to AppMetrics (Name, Sum, ItemCount, Min, Max, Properties); docs/consumption.md.
+_APP_COMMON_HEAD: tuple[tuple[str, str], ...] = (
+    ("AppRoleInstance", "string"),
+    ("AppRoleName", "string"),
+    ("AppVersion", "string"),
+    ("_BilledSize", "real"),
+    ("ClientBrowser", "string"),
+    ("ClientCity", "string"),
+    ("ClientCountryOrRegion", "string"),
+    ("ClientIP", "string"),
+    ("ClientModel", "string"),
+    ("ClientOS", "string"),
+    ("ClientStateOrProvince", "string"),
+    ("ClientType", "string"),
+    ("IKey", "string"),
+    ("_IsBillable", "string"),
+    ("ItemCount", "int"),
+)
+_APP_USER_TAIL: tuple[tuple[str, str], ...] = (
+    ("UserAccountId", "string"),
+    ("UserAuthenticatedId", "string"),
+    ("UserId", "string"),
+)
+APP_TRACES_COLUMNS: tuple[tuple[str, str], ...] = (
+    *_APP_COMMON_HEAD,
+    ("Measurements", "dynamic"),
+    ("Message", "string"),
+    ("OperationId", "string"),
+    ("OperationName", "string"),
+    ("ParentId", "string"),
+    ("Properties", "dynamic"),
+    ("ReferencedItemId", "string"),
+    ("ReferencedType", "string"),
+    ("ResourceGUID", "string"),
+    ("_ResourceId", "string"),
+    ("SDKVersion", "string"),
+    ("SessionId", "string"),
+    ("SeverityLevel", "int"),
+    ("SourceSystem", "string"),
+    ("_SubscriptionId", "string"),
+    ("SyntheticSource", "string"),
+    ("TenantId", "string"),
+    ("TimeGenerated", "datetime"),
+    ("Type", "string"),
+    *_APP_USER_TAIL,
+)
+APP_METRICS_COLUMNS: tuple[tuple[str, str], ...] = (
+    *_APP_COMMON_HEAD,
+    ("Max", "real"),
+    ("Min", "real"),
+    ("Name", "string"),
+    ("OperationId", "string"),
+    ("OperationName", "string"),
+    ("ParentId", "string"),
+    ("Properties", "dynamic"),
+    ("ResourceGUID", "string"),
+    ("_ResourceId", "string"),
+    ("SDKVersion", "string"),
+    ("SessionId", "string"),
+    ("SourceSystem", "string"),
+    ("_SubscriptionId", "string"),
+    ("Sum", "real"),
+    ("SyntheticSource", "string"),
+    ("TenantId", "string"),
+    ("TimeGenerated", "datetime"),
+    ("Type", "string"),
+    *_APP_USER_TAIL,
+)
+
 #: Time used to expand Grafana time macros before analysis.
 _FROM = "datetime(2024-01-01T00:00:00Z)"
 _TO = "datetime(2024-01-02T00:00:00Z)"
@@ -121,6 +201,8 @@ def table_schemas() -> dict[str, str]:
         TRANSITIONS_TABLE: kusto_schema(COLUMNS),
         METRICS_TABLE: kusto_schema(METRICS_COLUMNS),
         OTEL_LOGS_TABLE: kusto_schema(OTEL_LOGS_COLUMNS),
+        APP_TRACES_TABLE: kusto_schema(APP_TRACES_COLUMNS),
+        APP_METRICS_TABLE: kusto_schema(APP_METRICS_COLUMNS),
         DCR_SOURCE_TABLE: kusto_schema(EVENT_HUB_STREAM_COLUMNS),
     }
 
@@ -191,6 +273,8 @@ def landing_tables(landing: str) -> tuple[str, ...]:
         return (TRANSITIONS_TABLE, METRICS_TABLE)
     if landing in ("otel", "otlp", "Otlp"):
         return (OTEL_LOGS_TABLE,)
+    if landing in ("appinsights", "AppInsights"):
+        return (APP_TRACES_TABLE, APP_METRICS_TABLE)
     raise ValueError(f"unknown landing path {landing!r}")
 
 
@@ -205,12 +289,12 @@ def pack_queries() -> list[KqlQuery]:
 
 
 def alert_rule_queries() -> list[KqlQuery]:
-    """KQL held in the ARM alert template's variables (kql<Name><EventHubs|Otlp>)."""
+    """KQL held in the ARM alert template's variables (kql<Name><EventHubs|Otlp|AppInsights>)."""
     path = AZURE_DIR / "alert-rules.json"
     template = load_json(path)
     out = []
     for name, text in template["variables"].items():
-        match = re.fullmatch(r"kql\w+?(EventHubs|Otlp)", name)
+        match = re.fullmatch(r"kql\w+?(EventHubs|Otlp|AppInsights)", name)
         if match:
             out.append(KqlQuery(f"{path.relative_to(REPO)}#{name}", text, landing_tables(match[1])))
     return out
@@ -299,12 +383,25 @@ def _azure_log_queries(obj: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _azure_log_queries(value, f"{where}[{i}]")
 
 
+def app_insights_dashboards() -> dict[str, Any]:
+    """Dashboards for the Application Insights landing (AppTraces / AppMetrics), by file name."""
+    return {p.name: load_json(p) for p in sorted(APP_INSIGHTS_GRAFANA_DIR.glob("*.json"))}
+
+
+def kql_dashboards() -> list[tuple[str, Any, tuple[str, ...]]]:
+    """(name, dashboard, tables its KQL may read) of every Azure Monitor Logs dashboard."""
+    return [
+        *((n, d, landing_tables("eventhubs")) for n, d in grafana_dashboards().items()),
+        *((n, d, landing_tables("appinsights")) for n, d in app_insights_dashboards().items()),
+    ]
+
+
 def grafana_kql_queries() -> list[KqlQuery]:
     """KQL of every Azure Monitor dashboard panel and variable, macros expanded."""
     out = []
-    for name, dashboard in grafana_dashboards().items():
+    for name, dashboard, tables in kql_dashboards():
         for where, query in _azure_log_queries(dashboard, name):
-            out.append(KqlQuery(where, expand_grafana_macros(query), landing_tables("eventhubs")))
+            out.append(KqlQuery(where, expand_grafana_macros(query), tables))
     return out
 
 
@@ -752,7 +849,7 @@ def grafana_kql_queries_all_selected() -> list[KqlQuery]:
     Monitor data source do (ids end in ``#all``); a variable without ``allValue`` expands to the
     sample list, which the tests reject separately."""
     out = []
-    for name, dashboard in grafana_dashboards().items():
+    for name, dashboard, tables in kql_dashboards():
         all_values = {
             v["name"]: v.get("allValue")
             for v in dashboard.get("templating", {}).get("list", [])
@@ -762,7 +859,7 @@ def grafana_kql_queries_all_selected() -> list[KqlQuery]:
             used = [n for n in all_values if f"${n}" in query or f"${{{n}}}" in query]
             value = next((all_values[n] for n in used if all_values[n]), None)
             text = expand_grafana_macros(query, all_value=value)
-            out.append(KqlQuery(f"{where}#all", text, landing_tables("eventhubs")))
+            out.append(KqlQuery(f"{where}#all", text, tables))
     return out
 
 

@@ -26,6 +26,27 @@ NATIVE_OTLP_GRAFANA_DIR = ch.GRAFANA_DIR / "native-otlp"
 NATIVE_OTLP_QUERY_LABELS = frozenset({"le"})
 
 
+#: The native-OTLP dashboard's variable naming the function counters and histograms are read with:
+#: increase (cumulative temporality, the SDK's default) or sum_over_time (delta).
+TEMPORALITY_VARIABLE = "counters"
+TEMPORALITY_FUNCTIONS = ("increase", "sum_over_time")
+
+
+def expand_temporality(expr: str) -> list[tuple[str, str]]:
+    """(function, expr) for each value of the temporality variable the expression uses; one
+    ("", expr) when it uses none."""
+    spellings = (f"${{{TEMPORALITY_VARIABLE}}}", f"${TEMPORALITY_VARIABLE}")
+    if not any(s in expr for s in spellings):
+        return [("", expr)]
+    out = []
+    for function in TEMPORALITY_FUNCTIONS:
+        text = expr
+        for spelling in spellings:
+            text = text.replace(spelling, function)
+        out.append((function, text))
+    return out
+
+
 def native_otlp_dashboards() -> dict[str, Any]:
     """Dashboards for the native OTLP route (dotted names), by file name."""
     return {p.name: ch.load_json(p) for p in sorted(NATIVE_OTLP_GRAFANA_DIR.glob("*.json"))}

@@ -158,7 +158,8 @@ def test_alert_rule_shape(rule: dict[str, Any], kusto_results: dict[str, dict[st
     assert criterion["timeAggregation"] == "Count"
     assert criterion["operator"] == "GreaterThan" and criterion["threshold"] == 0
     variables = re.findall(r"variables\('(\w+)'\)", criterion["query"])
-    assert sorted(v[-4:] for v in variables) == ["Hubs", "Otlp"], variables
+    landings = sorted(re.fullmatch(r"kql[A-Z][a-z]+(\w+)", v)[1] for v in variables)  # type: ignore[index]
+    assert landings == ["AppInsights", "EventHubs", "Otlp"], variables
     for var in variables:
         assert var in template["variables"]
         columns = dict(map(tuple, kusto_results[f"{ALERTS.relative_to(ch.REPO)}#{var}"]["columns"]))

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from scheduled_events_exporter.env_file import parse_env_file
 from tests.k8s_tools import CHART, render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,15 +56,12 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def env_file_settings(uncomment: bool) -> dict[str, str]:
-    settings = {}
-    for line in ENV_FILE.read_text().splitlines():
-        line = line.strip()
-        if uncomment and line.startswith("#SEE_EVENTHUB"):
-            line = line[1:]
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            settings[key] = value
-    return settings
+    """What systemd makes of the shipped environment file (the parser check-config --env-file
+    uses), its commented Event Hubs lines uncommented when asked."""
+    text = ENV_FILE.read_text(encoding="utf-8")
+    if uncomment:
+        text = re.sub(r"^#(SEE_EVENTHUB)", r"\1", text, flags=re.M)
+    return parse_env_file(text).values
 
 
 def check_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -89,9 +89,10 @@ def test_kql_has_no_diagnostics(
     assert problems == [], "\n".join(problems)
 
 
-def test_query_pack_covers_both_landing_paths() -> None:
+def test_query_pack_covers_every_landing_path() -> None:
     eventhubs = {p.name for p in (ch.KQL_DIR / "eventhubs").glob("*.kql")}
     otel = {p.name for p in (ch.KQL_DIR / "otel").glob("*.kql")}
+    appinsights = {p.name for p in (ch.KQL_DIR / "appinsights").glob("*.kql")}
     required = {
         "pending-now.kql",
         "upcoming-maintenance.kql",
@@ -106,8 +107,8 @@ def test_query_pack_covers_both_landing_paths() -> None:
         "late-first-sight.kql",
     }
     assert required <= eventhubs
-    assert eventhubs == otel
-    assert {p.parent.name for p in ch.kql_files()} == {"eventhubs", "otel"}
+    assert eventhubs == otel == appinsights
+    assert {p.parent.name for p in ch.kql_files()} == {"eventhubs", "otel", "appinsights"}
 
 
 @pytest.mark.parametrize("path", ch.kql_files(), ids=lambda p: str(p.relative_to(ch.REPO)))

@@ -6,6 +6,7 @@ instead of silently breaking the alerts."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,16 @@ def rules() -> list[tuple[str, dict[str, Any]]]:
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
-    """(id, expr) of every dashboard target, Grafana macros and variables expanded."""
+    """(id, expr) of every dashboard target, Grafana macros and variables expanded; a target
+    that reads counters appears once per temporality (the variable's two functions)."""
     out = []
     for name, dashboard in DASHBOARDS.items():
         for panel in ch.iter_panels(dashboard):
             for target in panel.get("targets", []):
-                out.append(
-                    (f"{name}#panel{panel['id']}/{target['refId']}",
-                     ch.expand_promql_macros(target["expr"]))
-                )
+                where = f"{name}#panel{panel['id']}/{target['refId']}"
+                for function, expr in nh.expand_temporality(target["expr"]):
+                    out.append((f"{where}/{function}" if function else where,
+                                ch.expand_promql_macros(expr)))
     return out
 
 
@@ -94,9 +96,53 @@ def test_uses_only_names_the_exporter_emits(
 
 def test_silent_window_exceeds_two_otlp_heartbeats() -> None:
     # OTLP metrics are exported on change and at least every OTEL_METRIC_EXPORT_INTERVAL (60 s).
-    (rule,) = [r for _, r in rules() if r.get("alert") == "ScheduledEventsExporterSilent"]
-    expr = str(rule["expr"])
-    assert "[5m]" in expr and "[1h]" in expr, expr
+    found = [r for _, r in rules() if r.get("alert") == "ScheduledEventsExporterSilent"]
+    assert len(found) == len(RULE_FILES)  # one per temporality
+    for rule in found:
+        expr = str(rule["expr"])
+        assert "[5m]" in expr and "[1h]" in expr, expr
+
+
+#: PromQL functions that assume cumulative counters (a reset-aware difference of running totals).
+CUMULATIVE_ONLY = ("increase(", "rate(", "irate(", "resets(")
+
+
+def _alerts(path: Path) -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {r["alert"]: r for g in doc["groups"] for r in g["rules"]}
+
+
+def test_the_delta_rules_are_the_cumulative_ones_with_sums_over_time() -> None:
+    """Delta points are per-export counts: what was counted in a window is their sum_over_time(),
+    and increase()/rate() on them is wrong (Azure Monitor, "PromQL best practices for
+    OpenTelemetry metrics"). The delta file differs from the cumulative one in exactly that."""
+    cumulative = _alerts(nh.NATIVE_OTLP_RULES_DIR / "scheduled-events-alerts.yaml")
+    delta = _alerts(nh.NATIVE_OTLP_RULES_DIR / "scheduled-events-alerts-delta.yaml")
+    assert delta.keys() == cumulative.keys()
+    converted = 0
+    for name, rule in delta.items():
+        expr = str(rule["expr"])
+        assert not any(f in expr for f in CUMULATIVE_ONLY), f"{name}: {expr}"
+        wanted = str(cumulative[name]["expr"])
+        converted += "increase(" in wanted
+        assert expr == wanted.replace("increase(", "sum_over_time("), name
+        assert {k: v for k, v in rule.items() if k != "expr"} == {
+            k: v for k, v in cumulative[name].items() if k != "expr"}, name
+    assert converted >= 2  # the counter alerts (outcomes unknown, export failing)
+
+
+def test_the_dashboard_reads_counters_as_the_chosen_temporality_says() -> None:
+    """Every counter or histogram query goes through the dashboard's temporality variable, whose
+    options are increase (cumulative) and sum_over_time (delta); gauges need neither."""
+    for name, dashboard in DASHBOARDS.items():
+        (variable,) = [v for v in dashboard["templating"]["list"]
+                       if v["name"] == nh.TEMPORALITY_VARIABLE]
+        assert [o["value"] for o in variable["options"]] == ["increase", "sum_over_time"]
+        assert variable["current"]["value"] == "increase"  # the SDK's default, cumulative
+        for panel in ch.iter_panels(dashboard):
+            for target in panel.get("targets", []):
+                expr = target["expr"]
+                assert not any(f in expr for f in CUMULATIVE_ONLY), f"{name}#{panel['id']}"
 
 
 def test_dashboard_shows_every_instrument(parsed: dict[str, nh.PromqlResult]) -> None:
@@ -172,3 +218,57 @@ def test_rate_panels_span_at_least_two_pushes() -> None:
             if any("$__rate_interval" in e for e in exprs):
                 interval = panel.get("interval", "")
                 assert interval.endswith("m") and int(interval[:-1]) >= 2, panel["title"]
+
+
+def _legacy(expr: str) -> str:
+    """A native-OTLP expression in the pre-UTF-8 spelling promtool 2.x parses: quoted dotted
+    metric and label names become underscores (values are left alone). Only for evaluating
+    the rules' logic on a real Prometheus engine; the names themselves are checked above."""
+    expr = re.sub(r'\{"([\w.]+)"\}', lambda m: m[1].replace(".", "_"), expr)
+    expr = re.sub(r'\{"([\w.]+)", ', lambda m: m[1].replace(".", "_") + "{", expr)
+    expr = re.sub(r'"([\w.]+)"(?=\s*(?:=|!=|=~|!~)\s*")', lambda m: m[1].replace(".", "_"), expr)
+    return re.sub(r"\b(by|on) \(([^)]*)\)",
+                  lambda m: f"{m[1]} ({m[2].replace(chr(34), '').replace('.', '_')})", expr)
+
+
+#: Delta points as the exporter sends them with OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=
+#: delta (one point per export, holding what was counted since the previous one; no point when
+#: nothing was), and when each counter alert should fire on them.
+DELTA_CASES = {
+    # One outcome_unknown end, exported once: a single point of 1.
+    "ScheduledEventOutcomesUnknown": (
+        'azure_scheduled_events_transitions{transition="outcome_unknown",'
+        'service_instance_id="vm-1",host_name="vm-1"}', "1 _x59", "10m",
+        {"severity": "info", "service_instance_id": "vm-1", "host_name": "vm-1"}),
+    # A sink failing at every 60 s export for 40 minutes: a point of 1 each time.
+    "ScheduledEventsExportFailing": (
+        'azure_scheduled_events_export_failures{sink="otlp",signal="logs",'
+        'service_instance_id="vm-1",host_name="vm-1"}', "1x40", "35m",
+        {"severity": "warning", "service_instance_id": "vm-1", "host_name": "vm-1",
+         "sink": "otlp", "signal": "logs"}),
+}
+
+
+@pytest.mark.parametrize("variant", ["delta", "cumulative"])
+def test_on_delta_points_only_the_delta_rules_fire(variant: str, tmp_path: Path) -> None:
+    """Prometheus' own engine (promtool test rules) on delta points: the delta file's counter
+    alerts fire, and the cumulative file's stay silent (increase() of one point, or of a run of
+    1s, is nothing), which is why a user who sets delta must load the delta file."""
+    name = "scheduled-events-alerts-delta.yaml" if variant == "delta" else (
+        "scheduled-events-alerts.yaml")
+    alerts = _alerts(nh.NATIVE_OTLP_RULES_DIR / name)
+    rules = [{"alert": a, "expr": _legacy(str(alerts[a]["expr"])), "labels": alerts[a]["labels"],
+              **({"for": alerts[a]["for"]} if "for" in alerts[a] else {})} for a in DELTA_CASES]
+    group = {"name": "g", "rules": rules}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [group]}))
+    tests = [{
+        "interval": "1m",
+        "input_series": [{"series": series, "values": values}],
+        "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": (
+            [{"exp_labels": labels}] if variant == "delta" else [])}],
+    } for alert, (series, values, at, labels) in DELTA_CASES.items()]
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(
+        {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}))
+    proc = subprocess.run([ch.tool_path("promtool"), "test", "rules", "tests.yaml"],
+                          cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

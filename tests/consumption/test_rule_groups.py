@@ -24,11 +24,13 @@ TEMPLATE_PATH = REPO / "config" / "azure" / "prometheus-rule-groups.json"
 TEMPLATE = json.loads(TEMPLATE_PATH.read_text())
 SOURCES = {"scrape": REPO / "config" / "prometheus" / "scheduled-events-alerts.yaml",
            "native-otlp": REPO / "config" / "prometheus" / "native-otlp" /
-           "scheduled-events-alerts.yaml"}
+           "scheduled-events-alerts.yaml",
+           "native-otlp-delta": REPO / "config" / "prometheus" / "native-otlp" /
+           "scheduled-events-alerts-delta.yaml"}
 
 
 def group(route: str) -> dict[str, Any]:
-    (found,) = [r for r in TEMPLATE["resources"] if route in r["condition"]]
+    (found,) = [r for r in TEMPLATE["resources"] if f"'{route}')" in r["condition"]]
     return found
 
 
@@ -62,6 +64,7 @@ def test_every_alert_has_its_counterpart(route: str) -> None:
 
 def test_native_otlp_group_never_sets_a_cluster() -> None:
     assert "clusterName" not in group("native-otlp")["properties"]
+    assert "clusterName" not in group("native-otlp-delta")["properties"]
     assert "clusterName" in group("scrape")["properties"]
     assert group("scrape")["properties"]["interval"] == "PT1M"
 
@@ -76,7 +79,8 @@ def test_translated_expressions_pass_promtool(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_native_expressions_parse_with_the_prometheus_3_grammar() -> None:
-    exprs = [(r["alert"], r["expression"]) for r in group("native-otlp")["properties"]["rules"]]
+@pytest.mark.parametrize("route", ["native-otlp", "native-otlp-delta"])
+def test_native_expressions_parse_with_the_prometheus_3_grammar(route: str) -> None:
+    exprs = [(r["alert"], r["expression"]) for r in group(route)["properties"]["rules"]]
     results = nh.run_promql_check(exprs)
     assert all(not results[name].errors for name, _ in exprs), results

@@ -59,6 +59,8 @@ class Point:
     bucket_counts: tuple[int, ...] = ()
     start_time_ns: int = 0
     time_ns: int = 0
+    #: How many exemplars the point carried (their content is not parsed).
+    exemplars: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,8 @@ class DumpParser:
             self._fields = {"attributes": {}, "bounds": [], "bucket_counts": []}
             rec["points"].append(self._fields)
             self._attrs = self._fields["attributes"]
+        elif line.startswith("Exemplar #"):
+            self._fields["exemplars"] = self._fields.get("exemplars", 0) + 1
         elif line.startswith("Flags:"):
             self.flush()
         elif line.startswith("ExplicitBounds #"):
@@ -210,6 +214,7 @@ class DumpParser:
             p["attributes"], _num(p.get("Value")), int(p["Count"]) if "Count" in p else None,
             _num(p.get("Sum")), _num(p.get("Min")), _num(p.get("Max")), tuple(p["bounds"]),
             tuple(p["bucket_counts"]), int(p.get("StartTimestamp", 0)), int(p.get("Timestamp", 0)),
+            p.get("exemplars", 0),
         ) for p in rec["points"]]
         d, monotonic = rec["descriptor"], rec["descriptor"].get("IsMonotonic")
         self._on_record(ReceivedMetric(

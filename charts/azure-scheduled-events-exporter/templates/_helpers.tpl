@@ -22,11 +22,21 @@ app.kubernetes.io/name: {{ include "see.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The chart's labels, then commonLabels (a platform's labelling policy), on every object. The
+     chart's own win a clash: the selector labels must stay what the DaemonSet selects. */}}
 {{- define "see.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-{{ include "see.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- $own := dict "helm.sh/chart" (printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-") "app.kubernetes.io/name" (include "see.name" .) "app.kubernetes.io/instance" .Release.Name "app.kubernetes.io/version" .Chart.AppVersion "app.kubernetes.io/managed-by" .Release.Service }}
+{{- toYaml (merge $own (.Values.commonLabels | default dict)) }}
+{{- end }}
+
+{{/* The pod template's labels: the full set (as every object has), workload identity's, then
+     podLabels and commonLabels, the chart's own winning a clash. */}}
+{{- define "see.podLabels" -}}
+{{- $own := include "see.labels" . | fromYaml }}
+{{- if and .Values.eventhubs.enabled .Values.eventhubs.workloadIdentity.enabled }}
+{{- $_ := set $own "azure.workload.identity/use" "true" }}
+{{- end }}
+{{- toYaml (merge $own (.Values.podLabels | default dict)) }}
 {{- end }}
 
 {{- define "see.serviceAccountName" -}}
@@ -37,13 +47,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The image reference: by digest when one is given. */}}
+{{/* The image reference: [registry/]repository:tag[@digest]. global.imageRegistry (one mirror
+     for every chart of an umbrella release) wins over image.registry; by digest when one is
+     given. */}}
 {{- define "see.image" -}}
+{{- $registry := .Values.image.registry }}
+{{- with .Values.global }}{{ with .imageRegistry }}{{ $registry = . }}{{ end }}{{ end }}
+{{- $repository := .Values.image.repository }}
+{{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
 {{- if .Values.image.digest }}
-{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- printf "%s:%s@%s" $repository $tag .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repository $tag }}
 {{- end }}
 {{- end }}
 
@@ -70,6 +86,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "otlp.metrics: true needs otlp.enabled: true (metrics go to the same collector)" }}
 {{- end }}
 {{- default "none" (join "," $exporters) }}
+{{- end }}
+
+{{/* "true" when the pods carry prometheus.io/* annotations: not while a PodMonitor or
+     ServiceMonitor scrapes them, or an annotation-based scrape config scrapes every pod a
+     second time under another job. */}}
+{{- define "see.scrapeAnnotations" -}}
+{{- if and .Values.prometheus.enabled .Values.prometheus.podAnnotations (not (or .Values.podMonitor.enabled .Values.serviceMonitor.enabled)) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the egress NetworkPolicy is rendered: networkPolicy.enabled, or by default
+     (null) unless the pods use the host's network, which NetworkPolicy does not cover. */}}
+{{- define "see.networkPolicy" -}}
+{{- $enabled := .Values.networkPolicy.enabled }}
+{{- if or (eq $enabled true) (and (kindIs "invalid" $enabled) (not .Values.hostNetwork)) }}true{{ end }}
 {{- end }}
 
 {{/* Checks the values cannot express in values.schema.json, with a line that says what to set. */}}
@@ -103,6 +133,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if and (or .Values.podMonitor.enabled .Values.serviceMonitor.enabled) (not .Values.prometheus.enabled) }}
 {{- fail "podMonitor/serviceMonitor scrape /metrics: set prometheus.enabled: true" }}
+{{- end }}
+{{- /* Text fields of a given form: checked here rather than by a schema pattern, whose error
+     shows the regular expression instead of what to write. */}}
+{{- $forms := list
+  (list "image.digest" .Values.image.digest "^(sha256:[a-f0-9]{64})?$" "sha256: and 64 hex digits, or empty to pull by tag")
+  (list "config.imdsEndpoint" .Values.config.imdsEndpoint "^http://[^/]+/?$" "an http:// URL with a host and no path, e.g. http://169.254.169.254")
+  (list "otlp.endpoint" .Values.otlp.endpoint "^https?://" "the collector's URL with its scheme, e.g. http://otel-collector.observability.svc:4318")
+  (list "eventhubs.workloadIdentity.namespace" .Values.eventhubs.workloadIdentity.namespace "^$|^[A-Za-z0-9][A-Za-z0-9-]*(\\.[A-Za-z0-9-]+)+$" "the fully qualified namespace, e.g. myns.servicebus.windows.net")
+  (list "state.hostPath" .Values.state.hostPath "^/" "an absolute path on the node, e.g. /var/lib/scheduled-events-exporter")
+  (list "podMonitor.interval" .Values.podMonitor.interval "^[0-9]+(ms|s|m|h)$" "a duration such as 30s or 1m")
+  (list "serviceMonitor.interval" .Values.serviceMonitor.interval "^[0-9]+(ms|s|m|h)$" "a duration such as 30s or 1m") }}
+{{- range $forms }}
+{{- if not (regexMatch (index . 2) (toString (index . 1))) }}
+{{- fail (printf "%s=%q: expected %s" (index . 0) (toString (index . 1)) (index . 3)) }}
+{{- end }}
 {{- end }}
 {{- $names := dict }}
 {{- range .Values.extraEnv }}
@@ -214,27 +259,4 @@ volumeMounts:
   {{- with .Values.extraVolumeMounts }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- end }}
-
-{{/* checkov findings this configuration accepts, each with its reason (docs/kubernetes.md). Only
-     the checks that fail with these values are listed: a test renders without them and expects
-     each to fail. */}}
-{{- define "see.checkovSkips" -}}
-{{- $skips := list }}
-{{- if not .Values.image.digest }}
-{{- $skips = append $skips "CKV_K8S_43=The image is named by the exporter's version, a tag each release publishes once and signs (docs/releasing.md); set image.digest to pin it by digest" }}
-{{- if ne .Values.image.pullPolicy "Always" }}
-{{- $skips = append $skips "CKV_K8S_15=A version tag is never republished, so IfNotPresent pulls it once per node; set image.digest, or pullPolicy Always" }}
-{{- end }}
-{{- end }}
-{{- if or .Values.eventhubs.existingSecret.name .Values.otlp.headersSecret.name }}
-{{- $skips = append $skips "CKV_K8S_35=The exporter reads its settings from environment variables only; eventhubs.workloadIdentity needs no secret" }}
-{{- end }}
-{{- if eq .Values.state.type "hostPath" }}
-{{- $skips = append $skips "CKV_K8S_25=The init step adds CHOWN and FOWNER, all else dropped, to change the owner and mode of the state directory only" }}
-{{- end }}
-{{- if .Values.hostNetwork }}
-{{- $skips = append $skips "CKV_K8S_19=hostNetwork is chosen: on clusters with the IMDS restriction only host-network pods reach IMDS (docs/aks.md)" }}
-{{- end }}
-{{- toYaml $skips }}
 {{- end }}

@@ -7,6 +7,7 @@ one and never looks at the OS itself (docs/ARCHITECTURE.md, "Platform seams"):
 - :mod:`.files`: durable, safe writes under the state directory (no following a planted link,
   owner-only access, directory sync);
 - :mod:`.shell`: the approval hook's command line, its environment and its process tree;
+- :mod:`.dir_lock`: one exporter per state directory (``flock``; a Windows byte-range lock);
 - :mod:`.stop`: which OS requests mean "stop now" (signals; Windows console events);
 - :mod:`.win32`: the Windows API through ctypes, imported only on Windows (also the tick count
   that :mod:`scheduled_events_exporter.boot` turns into the Windows boot instant).

@@ -56,7 +56,7 @@ from scheduled_events_exporter.sinks.base import (
     open_dead_letter,
     open_spool,
 )
-from scheduled_events_exporter.spool import Spool
+from scheduled_events_exporter.spool import Spool, UnreadableLine
 from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics
 
@@ -144,7 +144,7 @@ class DeliveryWorker:
     def start(self) -> None:
         """Load what the spool still holds from before a restart, then start the thread."""
         if self._spool is not None:
-            waiting = self._spool.load()
+            waiting = self._spool.load(self._reject_unreadable)
             if waiting:
                 log.info(
                     "sink %s: %d undelivered records from before the restart",
@@ -434,6 +434,34 @@ class DeliveryWorker:
         self._count_failure(self.name, "dead_letter", 1)
         self._ack(queued.seq)
         self._done(queued.seq)
+
+
+    def _reject_unreadable(self, line: UnreadableLine) -> None:
+        """Dead-letter a spool line this release cannot read (written by another release, or
+        damaged): kept for a person, never dropped. ``OSError`` when it cannot be kept."""
+        record = line.content.get("record") if isinstance(line.content, dict) else None
+        transition = record.get("transition") if isinstance(record, dict) else None
+        event = transition.get("event") if isinstance(transition, dict) else None
+
+        def text(holder: object, key: str) -> str:
+            value = holder.get(key) if isinstance(holder, dict) else None
+            return value if isinstance(value, str) else ""
+
+        letter = DeadLetter(
+            time=rfc3339(datetime.now(timezone.utc)), sink=self.name, status="unreadable",
+            reason=f"the spool holds a line this release cannot read: {line.reason}",
+            event_id=text(event, "event_id"), transition=text(transition, "kind"),
+            record_id=text(record, "record_id"), seq=line.seq if line.seq is not None else -1,
+            payload=line.content)
+        if self._dead_letter is None:
+            raise OSError("no dead-letter file (SEE_STATE_DIR is disabled)")
+        self._dead_letter.append(letter)  # OSError: logged by its watch; the line stays
+        log.error("sink %s: spool line (seq %s, EventId %s) cannot be read by this release "
+                  "(%s); moved to %s", self.name, letter.seq, letter.event_id or "unknown",
+                  line.reason[:300], self._dead_letter.path)
+        with self._cond:
+            self._dead_lettered += 1
+        self._count_failure(self.name, "dead_letter", 1)
 
 
 class WorkerSink:

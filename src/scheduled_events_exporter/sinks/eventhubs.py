@@ -221,7 +221,7 @@ def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> Even
     except ImportError:
         # load_config() reports this as a configuration error first; kept for direct callers.
         raise RuntimeError("SEE_SINKS includes eventhubs but azure-eventhub is not installed: "
-                           "pip install 'azure-eventhub==5.15.1'") from None
+                           "pip install 'azure-eventhub>=5.12.0,<6'") from None
     if config.log_level != "DEBUG":
         # The SDK logs every connection state change and retry at INFO; our sink reports
         # failures once per streak, without the SDK's multi-line exception texts.

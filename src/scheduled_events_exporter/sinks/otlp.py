@@ -35,6 +35,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     MetricsData,
 )
+from opentelemetry.sdk.metrics.view import Aggregation, ExponentialBucketHistogramAggregation
 
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.otlp_settings import OtlpTarget
@@ -64,6 +65,16 @@ TEMPORALITIES: dict[str, dict[type, AggregationTemporality]] = {
 }
 
 
+def histogram_aggregation(name: str) -> dict[type, Aggregation]:
+    """OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION as the reader's preferred
+    aggregation for histograms, as the SDK's OTLP exporters map it. Explicit buckets: no
+    preference, so the SDK's default aggregation keeps each instrument's advised boundaries
+    (telemetry's NOTICE_BUCKETS), as the SDK's explicit-bucket aggregation would."""
+    if name == "base2_exponential_bucket_histogram":
+        return {Histogram: ExponentialBucketHistogramAggregation()}
+    return {}
+
+
 def transport_for(target: OtlpTarget) -> Transport:
     """The transport ``target``'s protocol asks for (gRPC imported only then)."""
     if target.protocol == "grpc":
@@ -80,8 +91,9 @@ class OtlpMetricExporter(MetricExporter):
     def __init__(self, target: OtlpTarget, sink: str, count_failure: FailureCounter,
                  extra: ExtraMetrics = list,
                  temporality: dict[type, AggregationTemporality] | None = None,
+                 aggregation: dict[type, Aggregation] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(preferred_temporality=temporality)
+        super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._clock = clock
         # Until then no export is sent: the collector asked for a pause (Retry-After,
         # RetryInfo), capped as the delivery worker caps it. The specification: the client
@@ -156,7 +168,8 @@ class OtlpSink(WorkerSink):
             temporality = TEMPORALITIES[config.metrics_temporality]
             self._readers = (OnChangeMetricReader(
                 OtlpMetricExporter(config.otlp_metrics, self.name, count_failure,
-                                   lambda: self._extra_metrics(), temporality),
+                                   lambda: self._extra_metrics(), temporality,
+                                   histogram_aggregation(config.metrics_histogram_aggregation)),
                 heartbeat=config.metric_export_interval,
             ),)
         super().__init__(config, count_failure)

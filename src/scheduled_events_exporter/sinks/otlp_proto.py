@@ -4,8 +4,12 @@ The messages are ``opentelemetry-proto``'s generated classes, the public form of
 protocol; encoding them here, rather than through the SDK exporters' private encoders, keeps
 the OTLP route on public interfaces only (docs/decisions.md). Log records: one per transition,
 ``event_name`` the OTLP field, attributes typed as docs/semantics.md#records says. Metrics: the
-SDK's ``MetricsData`` (gauges, sums, explicit-bucket histograms; the only kinds the exporter
-records), as the OTLP metrics data model lays them out.
+SDK's ``MetricsData`` as the OTLP metrics data model lays them out: every kind the SDK's
+aggregations produce (gauges, sums, explicit-bucket and base-2 exponential histograms), with
+their exemplars and the scope's attributes, so that a user's choice of
+``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` or ``OTEL_METRICS_EXEMPLAR_FILTER``
+reaches the collector as it would through the SDK's own exporters (tests/test_otlp_proto.py
+compares the bytes with theirs for every shape).
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs, SeverityNumber
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceMessage
+from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
+    ExponentialHistogram,
+    ExponentialHistogramDataPoint,
     Gauge,
     Histogram,
     HistogramDataPoint,
@@ -36,7 +43,11 @@ from opentelemetry.sdk.metrics.export import (
     NumberDataPoint,
     Sum,
 )
+from opentelemetry.sdk.metrics.export import (
+    Buckets as SdkBuckets,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope as SdkScope
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.records import TransitionRecord, body, to_attributes
@@ -101,10 +112,29 @@ _TEMPORALITY = {
 }
 
 
+def _exemplars(exemplars: Sequence[Exemplar]) -> list[pb.Exemplar]:
+    """The SDK's exemplars (``OTEL_METRICS_EXEMPLAR_FILTER``): the span they were recorded in,
+    if any, as OTLP's big-endian 16- and 8-byte ids."""
+    messages = []
+    for exemplar in exemplars:
+        message = pb.Exemplar(time_unix_nano=exemplar.time_unix_nano,
+                              filtered_attributes=key_values(exemplar.filtered_attributes))
+        if exemplar.span_id is not None and exemplar.trace_id is not None:
+            message.span_id = exemplar.span_id.to_bytes(8, "big")
+            message.trace_id = exemplar.trace_id.to_bytes(16, "big")
+        if isinstance(exemplar.value, int):
+            message.as_int = exemplar.value
+        else:
+            message.as_double = exemplar.value
+        messages.append(message)
+    return messages
+
+
 def _number_point(point: NumberDataPoint) -> pb.NumberDataPoint:
     message = pb.NumberDataPoint(attributes=key_values(point.attributes),
                                  start_time_unix_nano=point.start_time_unix_nano or 0,
-                                 time_unix_nano=point.time_unix_nano)
+                                 time_unix_nano=point.time_unix_nano,
+                                 exemplars=_exemplars(point.exemplars))
     if isinstance(point.value, int):
         message.as_int = point.value
     else:
@@ -117,7 +147,31 @@ def _histogram_point(point: HistogramDataPoint) -> pb.HistogramDataPoint:
         attributes=key_values(point.attributes), start_time_unix_nano=point.start_time_unix_nano,
         time_unix_nano=point.time_unix_nano, count=point.count, sum=point.sum,
         bucket_counts=list(point.bucket_counts), explicit_bounds=list(point.explicit_bounds),
-        min=point.min, max=point.max)
+        min=point.min, max=point.max, exemplars=_exemplars(point.exemplars))
+
+
+def _buckets(buckets: SdkBuckets) -> pb.ExponentialHistogramDataPoint.Buckets | None:
+    # No counts: the field stays unset (an empty range needs no offset), as the SDK's encoder
+    # leaves it.
+    if not buckets.bucket_counts:
+        return None
+    return pb.ExponentialHistogramDataPoint.Buckets(offset=buckets.offset,
+                                                    bucket_counts=list(buckets.bucket_counts))
+
+
+def _exponential_point(point: ExponentialHistogramDataPoint
+                       ) -> pb.ExponentialHistogramDataPoint:
+    return pb.ExponentialHistogramDataPoint(
+        attributes=key_values(point.attributes), start_time_unix_nano=point.start_time_unix_nano,
+        time_unix_nano=point.time_unix_nano, count=point.count, sum=point.sum,
+        scale=point.scale, zero_count=point.zero_count, positive=_buckets(point.positive),
+        negative=_buckets(point.negative), flags=point.flags, min=point.min, max=point.max,
+        exemplars=_exemplars(point.exemplars))
+
+
+def _scope(scope: SdkScope) -> InstrumentationScope:
+    return InstrumentationScope(name=scope.name, version=scope.version or "",
+                                attributes=key_values(scope.attributes))
 
 
 def _metric(metric: Any) -> pb.Metric:
@@ -133,8 +187,14 @@ def _metric(metric: Any) -> pb.Metric:
     elif isinstance(data, Histogram):
         message.histogram.data_points.extend(_histogram_point(p) for p in data.data_points)
         message.histogram.aggregation_temporality = _TEMPORALITY[data.aggregation_temporality]
-    else:  # the exporter records no other kind (an exponential histogram would need a view)
-        raise TypeError(f"metric {metric.name}: no OTLP encoding for {type(data).__name__}")
+    elif isinstance(data, ExponentialHistogram):
+        message.exponential_histogram.data_points.extend(
+            _exponential_point(p) for p in data.data_points)
+        message.exponential_histogram.aggregation_temporality = _TEMPORALITY[
+            data.aggregation_temporality]
+    else:  # the SDK's aggregations make no other kind
+        raise TypeError(f"metric {metric.name}: expected a gauge, sum or histogram, got "
+                        f"{type(data).__name__}")
     return message
 
 
@@ -145,9 +205,8 @@ def metrics_request(data: MetricsData) -> ExportMetricsServiceRequest:
         message = request.resource_metrics.add(resource=_resource(resource_metrics.resource),
                                                schema_url=resource_metrics.schema_url or "")
         for scope_metrics in resource_metrics.scope_metrics:
-            scope = scope_metrics.scope
             message.scope_metrics.add(
-                scope=InstrumentationScope(name=scope.name, version=scope.version or ""),
+                scope=_scope(scope_metrics.scope),
                 metrics=[_metric(m) for m in scope_metrics.metrics],
                 schema_url=scope_metrics.schema_url or "")
     return request
