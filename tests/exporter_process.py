@@ -115,7 +115,8 @@ class ExporterProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
-            raise AssertionError(f"exporter did not exit within {timeout} s of SIGTERM") from None
+            raise AssertionError(f"exporter did not exit within {timeout} s of SIGTERM; its "
+                                 f"stderr ends: {self.stderr()[-2000:]}") from None
 
     def kill(self) -> None:
         """SIGKILL (a crash)."""
