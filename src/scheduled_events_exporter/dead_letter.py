@@ -17,10 +17,13 @@ import json
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduled_events_exporter.platforms.files import FILES, append_durably, write_all
+from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 FILE_NAME = "dead-letter.jsonl"
@@ -61,6 +64,40 @@ class DeadLetter:
             ensure_ascii=False,
             default=str,
         ).encode() + b"\n"
+
+
+def rejected(sink: str, record: TransitionRecord, status: str, reason: str,
+             payload: Callable[[TransitionRecord], object]) -> DeadLetter:
+    """The letter of a record ``sink`` refused for good, with ``payload(record)`` (what the sink
+    would have sent; the record's columns when even that cannot be rendered)."""
+    try:
+        rendered = payload(record)
+    except Exception as exc:  # never let rendering a rejected record stop the worker
+        rendered = {"unrenderable": f"{type(exc).__name__}: {exc}"[:300],
+                    "columns": to_columns(record)}
+    event = record.transition.event
+    return DeadLetter(time=rfc3339(datetime.now(timezone.utc)), sink=sink, status=status,
+                      reason=reason[:500], event_id=event.event_id if event else "",
+                      transition=record.transition.kind.value, record_id=record.record_id,
+                      seq=record.seq, payload=rendered)
+
+
+def unreadable(sink: str, seq: int | None, content: object, reason: str) -> DeadLetter:
+    """The letter of a spool line this release cannot read (docs/semantics.md#compatibility):
+    ``content`` whole, and whatever identifies it where the line still has its usual shape."""
+    record = content.get("record") if isinstance(content, dict) else None
+    transition = record.get("transition") if isinstance(record, dict) else None
+    event = transition.get("event") if isinstance(transition, dict) else None
+
+    def text(holder: object, key: str) -> str:
+        value = holder.get(key) if isinstance(holder, dict) else None
+        return value if isinstance(value, str) else ""
+
+    return DeadLetter(time=rfc3339(datetime.now(timezone.utc)), sink=sink, status="unreadable",
+                      reason=f"the spool holds a line this release cannot read: {reason}"[:500],
+                      event_id=text(event, "event_id"), transition=text(transition, "kind"),
+                      record_id=text(record, "record_id"), seq=-1 if seq is None else seq,
+                      payload=content)
 
 
 class DeadLetterFile:

@@ -11,7 +11,7 @@ from typing import TextIO
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, to_columns
 from scheduled_events_exporter.sinks.base import DeliveryError, FailureCounter
-from scheduled_events_exporter.sinks.delivery import WorkerSink
+from scheduled_events_exporter.sinks.worker_sink import WorkerSink
 
 
 def render(record: TransitionRecord, *, ascii_only: bool = False) -> str:

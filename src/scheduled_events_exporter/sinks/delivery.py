@@ -34,18 +34,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
-from opentelemetry.sdk.metrics.export import MetricReader
-from opentelemetry.sdk.resources import Resource
-
+from scheduled_events_exporter import dead_letter as letters
 from scheduled_events_exporter import failpoints
-from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.dead_letter import DeadLetter, DeadLetterFile
+from scheduled_events_exporter.dead_letter import DeadLetterFile
 from scheduled_events_exporter.records import (
     TransitionRecord,
     approximate_size,
-    rfc3339,
     to_columns,
 )
 from scheduled_events_exporter.sinks.base import (
@@ -53,12 +48,9 @@ from scheduled_events_exporter.sinks.base import (
     FailureCounter,
     FailureKind,
     SinkStatus,
-    open_dead_letter,
-    open_spool,
 )
 from scheduled_events_exporter.spool import Spool, UnreadableLine
 from scheduled_events_exporter.streak import Streak
-from scheduled_events_exporter.telemetry import ExtraMetrics
 
 log = logging.getLogger(__name__)
 
@@ -399,24 +391,8 @@ class DeliveryWorker:
     def _reject(self, queued: _Queued, error: DeliveryError) -> None:
         """Dead-letter one record the sink will never accept, and go on with the next."""
         record = queued.record
-        event = record.transition.event
-        event_id = event.event_id if event else "(none)"
-        try:
-            payload = self._payload(record)
-        except Exception as exc:  # never let rendering a rejected record stop the worker
-            payload = {"unrenderable": f"{type(exc).__name__}: {exc}"[:300],
-                       "columns": to_columns(record)}
-        letter = DeadLetter(
-            time=rfc3339(datetime.now(timezone.utc)),
-            sink=self.name,
-            status=error.status or "rejected",
-            reason=str(error)[:500],
-            event_id=event_id if event else "",
-            transition=record.transition.kind.value,
-            record_id=record.record_id,
-            seq=record.seq,
-            payload=payload,
-        )
+        letter = letters.rejected(self.name, record, error.status or "rejected", str(error),
+                                      self._payload)
         where = f"not kept (SEE_STATE_DIR is disabled): {letter.to_json().decode().rstrip()}"
         if self._dead_letter is not None:
             try:
@@ -427,95 +403,25 @@ class DeliveryWorker:
                          f"{letter.to_json().decode().rstrip()}")
         log.error("sink %s: %s rejected the record of EventId %s (%s, RecordId %s, about %d "
                   "bytes) permanently: %s; %s; continuing with the next record",
-                  self.name, error.status or "the sink", event_id, letter.transition,
-                  record.record_id, queued.size, str(error)[:300], where)
-        with self._cond:
-            self._dead_lettered += 1
-        self._count_failure(self.name, "dead_letter", 1)
+                  self.name, error.status or "the sink", letter.event_id or "(none)",
+                  letter.transition, record.record_id, queued.size, str(error)[:300], where)
+        self._count_dead_letter()
         self._ack(queued.seq)
         self._done(queued.seq)
-
 
     def _reject_unreadable(self, line: UnreadableLine) -> None:
         """Dead-letter a spool line this release cannot read (written by another release, or
         damaged): kept for a person, never dropped. ``OSError`` when it cannot be kept."""
-        record = line.content.get("record") if isinstance(line.content, dict) else None
-        transition = record.get("transition") if isinstance(record, dict) else None
-        event = transition.get("event") if isinstance(transition, dict) else None
-
-        def text(holder: object, key: str) -> str:
-            value = holder.get(key) if isinstance(holder, dict) else None
-            return value if isinstance(value, str) else ""
-
-        letter = DeadLetter(
-            time=rfc3339(datetime.now(timezone.utc)), sink=self.name, status="unreadable",
-            reason=f"the spool holds a line this release cannot read: {line.reason}",
-            event_id=text(event, "event_id"), transition=text(transition, "kind"),
-            record_id=text(record, "record_id"), seq=line.seq if line.seq is not None else -1,
-            payload=line.content)
         if self._dead_letter is None:
             raise OSError("no dead-letter file (SEE_STATE_DIR is disabled)")
+        letter = letters.unreadable(self.name, line.seq, line.content, line.reason)
         self._dead_letter.append(letter)  # OSError: logged by its watch; the line stays
         log.error("sink %s: spool line (seq %s, EventId %s) cannot be read by this release "
                   "(%s); moved to %s", self.name, letter.seq, letter.event_id or "unknown",
                   line.reason[:300], self._dead_letter.path)
+        self._count_dead_letter()
+
+    def _count_dead_letter(self) -> None:
         with self._cond:
             self._dead_lettered += 1
         self._count_failure(self.name, "dead_letter", 1)
-
-
-class WorkerSink:
-    """Base of the sinks: everything but ``_deliver`` goes through one :class:`DeliveryWorker`.
-
-    Subclasses set ``name``, implement ``_deliver`` (raise :class:`DeliveryError` on failure,
-    with the :class:`FailureKind` the peer's answer means), may override ``_payload`` (the record
-    as sent, for the dead-letter file) and may add metric readers or a ``_close`` step.
-    """
-
-    name = ""
-
-    def __init__(self, config: Config, count_failure: FailureCounter) -> None:
-        self._resource = Resource.create({})
-        self._extra_metrics: ExtraMetrics = list
-        self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
-                                      max_records=config.spool_max_records,
-                                      max_bytes=config.spool_max_bytes,
-                                      spool=open_spool(config, self.name),
-                                      dead_letter=open_dead_letter(config),
-                                      payload=self._payload)
-
-    def metric_readers(self) -> Sequence[MetricReader]:
-        """No metrics unless the sink adds a reader."""
-        return ()
-
-    def start(self, resource: Resource, extra_metrics: ExtraMetrics = list) -> None:
-        """Start the worker; ``resource`` describes this VM, ``extra_metrics`` adds metrics
-        built at export time to this sink's metric exports."""
-        self._resource = resource
-        self._extra_metrics = extra_metrics
-        self._worker.start()
-
-    def submit(self, records: Sequence[TransitionRecord]) -> None:
-        """Queue records for delivery (durably when a spool is configured)."""
-        self._worker.submit(records)
-
-    def shutdown(self, timeout: float) -> bool:
-        """Deliver what is queued within ``timeout``, then release the sink's resources."""
-        done = self._worker.stop(timeout)
-        self._close()
-        return done
-
-    def status(self) -> SinkStatus:
-        """Delivery health."""
-        return self._worker.status()
-
-    def _deliver(self, records: Sequence[TransitionRecord]) -> None:
-        raise NotImplementedError
-
-    def _payload(self, record: TransitionRecord) -> object:
-        """The record as this sink sends it (for the dead-letter file): the
-        docs/semantics.md#sinks object."""
-        return to_columns(record)
-
-    def _close(self) -> None:
-        """Release clients and exporters after the worker stopped."""

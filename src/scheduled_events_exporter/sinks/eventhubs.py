@@ -32,7 +32,6 @@ from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.sinks.base import DeliveryError, FailureCounter
-from scheduled_events_exporter.sinks.delivery import WorkerSink
 from scheduled_events_exporter.sinks.hub_sender import (
     SEND_DEADLINE,
     ClientFactory,
@@ -41,6 +40,7 @@ from scheduled_events_exporter.sinks.hub_sender import (
 )
 from scheduled_events_exporter.sinks.metrics_json import snapshot_bodies, snapshot_metrics
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
+from scheduled_events_exporter.sinks.worker_sink import WorkerSink
 from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 

@@ -41,11 +41,12 @@ from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.base import FailureCounter
-from scheduled_events_exporter.sinks.delivery import RETRY_AFTER_CAP, WorkerSink
+from scheduled_events_exporter.sinks.delivery import RETRY_AFTER_CAP
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.sinks.otlp_errors import describe, export_error
 from scheduled_events_exporter.sinks.otlp_proto import as_json, logs_request, metrics_request
 from scheduled_events_exporter.sinks.otlp_transport import HttpTransport, Transport
+from scheduled_events_exporter.sinks.worker_sink import WorkerSink
 from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 
