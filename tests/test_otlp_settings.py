@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from scheduled_events_exporter.otlp_settings import (
+    HeaderError,
     OtlpTarget,
+    endpoint_warnings,
     histogram_aggregation,
     otlp_target,
     parse_headers,
@@ -67,9 +69,19 @@ def test_per_signal_settings_win_over_general_ones() -> None:
 def test_headers_are_percent_encoded_pairs_with_lower_case_keys() -> None:
     assert parse_headers("Api-Key=a%20b%3Dc , x-tenant = t1,,") == (
         ("api-key", "a b=c"), ("x-tenant", "t1"))
-    for bad in ("novalue", "=v", "a=1,b"):
+    for bad in ("novalue", "=v", "a=1,b", "a=1,A=2", "a=50%ZZ", "a=100%"):
         with pytest.raises(ValueError):
             parse_headers(bad)
+
+
+def test_every_bad_header_is_named_at_once_and_no_value_ever() -> None:
+    with pytest.raises(HeaderError) as caught:
+        parse_headers("ok=1,x=hunter2%0D%0A,y z=hunter2,w=hunter2%Z1,ok=again")
+    problems = caught.value.problems
+    assert len(problems) == 4, problems
+    assert ["'x'" in problems[0], "'y z'" in problems[1], "'w'" in problems[2],
+            "'ok' is given twice" in problems[3]] == [True] * 4
+    assert not any("hunter2" in p for p in problems)
 
 
 @pytest.mark.parametrize(("env", "starts"), [
@@ -208,3 +220,20 @@ def test_over_grpc_a_header_key_must_be_a_metadata_key(key: str, named: str) -> 
     assert problems[0].startswith(f"OTEL_EXPORTER_OTLP_HEADERS: {named}"), problems
     assert "s3cr3t" not in problems[0]
     assert otlp_target(env, "logs")[1] == []
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "unix:///run/otel.sock", "OTEL_EXPORTER_OTLP_PROTOCOL":
+      "grpc"}, "is a unix socket, and the gRPC channel uses TLS unless "
+               "OTEL_EXPORTER_OTLP_INSECURE=true"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318",
+      "OTEL_EXPORTER_OTLP_INSECURE": "true"},
+     "OTEL_EXPORTER_OTLP_INSECURE=true has no effect on OTEL_EXPORTER_OTLP_ENDPOINT"),
+])
+def test_where_tls_is_decided_unexpectedly_it_is_said(env: dict[str, str], says: str) -> None:
+    protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    warnings = endpoint_warnings(env, {"logs": protocol, "metrics": protocol})
+    assert any(says in w for w in warnings), warnings
+    quiet = {**env, "OTEL_EXPORTER_OTLP_INSECURE": "true"} if "unix" in str(env) else \
+        {k: v for k, v in env.items() if "INSECURE" not in k}
+    assert not any("TLS" in w for w in endpoint_warnings(quiet, {"logs": protocol})), quiet

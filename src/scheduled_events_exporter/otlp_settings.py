@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -94,32 +95,56 @@ def _pick(env: Mapping[str, str], signal: str, key: str) -> tuple[str, str]:
 
 
 class HeaderError(ValueError):
-    """A malformed ``..._HEADERS`` item; the message names the key (if any), never a value."""
+    """Malformed ``..._HEADERS`` items, one message each (``problems``); each names the key (if
+    any), never a value."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+#: ``%`` not followed by two hex digits: the specification's percent-encoding has no such form.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
     """``k=v,k2=v2`` as the specification reads it (W3C Baggage without properties): keys are
-    HTTP tokens, values percent-decoded and then printable ASCII. :class:`HeaderError` names
-    the first bad item by its key, never by its value (a header value is a secret)."""
-    headers = []
+    HTTP tokens, values percent-decoded and then printable ASCII. :class:`HeaderError` lists
+    every bad item by its key, never by its value (a header value is a secret); a key given
+    twice is one too (which value was meant cannot be told)."""
+    headers: list[tuple[str, str]] = []
+    problems: list[str] = []
     for item in text.split(","):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         key = unquote(key.strip())
         if not sep or not key:
-            raise HeaderError(f"expected key=value pairs separated by commas, got an item "
-                              f"without {'=' if not sep else 'a key'} ({len(item)} "
-                              "characters; not shown, it may hold the secret)")
+            problems.append(f"expected key=value pairs separated by commas, got an item without "
+                            f"{'=' if not sep else 'a key'} ({len(item)} characters; not shown, "
+                            "it may hold the secret)")
+            continue
         if not set(key) <= _TCHAR:
-            raise HeaderError(f"header key {key[:60]!r}: expected an HTTP token (letters, "
-                              "digits and !#$%&'*+-.^_`|~; no spaces or separators)")
+            problems.append(f"header key {key[:60]!r}: expected an HTTP token (letters, digits "
+                            "and !#$%&'*+-.^_`|~; no spaces or separators)")
+            continue
+        if _BAD_ESCAPE.search(value):
+            problems.append(f"the value of header {key.lower()!r} has a '%' not followed by two "
+                            "hex digits: expected percent-encoding (%25 for a literal '%'; the "
+                            "value is a secret and not shown)")
+            continue
         decoded = unquote(value.strip())
         if any(not " " <= ch <= "~" for ch in decoded):
-            raise HeaderError(f"the value of header {key.lower()!r} holds a control or non-"
-                              "ASCII character once percent-decoded: expected printable "
-                              "ASCII (the value is a secret and not shown)")
+            problems.append(f"the value of header {key.lower()!r} holds a control or non-ASCII "
+                            "character once percent-decoded: expected printable ASCII (the value "
+                            "is a secret and not shown)")
+            continue
+        if any(known == key.lower() for known, _ in headers):
+            problems.append(f"header key {key.lower()!r} is given twice: expected each key once")
+            continue
         headers.append((key.lower(), decoded))
+    if problems:
+        raise HeaderError(problems)
     return tuple(headers)
 
 
@@ -177,7 +202,7 @@ def otlp_target(env: Mapping[str, str], signal: str, *, check_files: bool = True
     try:
         headers = parse_headers(raw)
     except HeaderError as exc:
-        problems.append(f"{name}: {exc}")
+        problems.extend(f"{name}: {problem}" for problem in exc.problems)
     if protocol == "grpc":
         problems.extend(f"{name}: {problem}" for problem in _grpc_metadata_problems(headers))
 
@@ -256,7 +281,26 @@ def endpoint_warnings(env: Mapping[str, str], protocols: Mapping[str, str]) -> l
         raw = env.get(name, "").strip()
         for protocol in dict.fromkeys(protocols[s] for s in signals if s in protocols):
             warnings.extend(_endpoint_warnings(name, raw, protocol))
+            warnings.extend(_tls_warnings(env, name, raw, protocol))
     return list(dict.fromkeys(warnings))
+
+
+def _tls_warnings(env: Mapping[str, str], name: str, raw: str, protocol: str) -> list[str]:
+    """Where TLS is decided by something the user may not expect: a gRPC target without
+    http/https (a unix socket most of all) uses TLS unless ..._INSECURE=true, the
+    specification's default; and an https:// endpoint uses TLS whatever ..._INSECURE says."""
+    insecure_name = name.replace("_ENDPOINT", "_INSECURE")
+    value = env.get(insecure_name, "").strip() or env.get("OTEL_EXPORTER_OTLP_INSECURE", "").strip()
+    shown = insecure_name if env.get(insecure_name, "").strip() else "OTEL_EXPORTER_OTLP_INSECURE"
+    if protocol == "grpc" and grpc_scheme(raw) in ("unix", "unix-abstract") \
+            and value.lower() != "true":
+        return [f"{name} is a unix socket, and the gRPC channel uses TLS unless {insecure_name}="
+                "true (the specification's default for a target without http:// or https://); "
+                "a collector on a local socket usually speaks plaintext"]
+    if raw.lower().startswith("https://") and value.lower() == "true":
+        return [f"{shown}=true has no effect on {name}: its https:// scheme decides, and TLS is "
+                "used (http:// for plaintext)"]
+    return []
 
 
 def _endpoint_warnings(name: str, raw: str, protocol: str) -> list[str]:
