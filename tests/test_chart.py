@@ -645,7 +645,15 @@ def test_the_schema_refuses_a_surge_two_exporters_would_share_a_directory_in() -
     for surge in ("1", "10%"):
         done = helm("template", "x", str(CHART), "--set-string",
                     f"updateStrategy.rollingUpdate.maxSurge={surge}", check=False)
-        assert done.returncode != 0 and "/updateStrategy/rollingUpdate/maxSurge" in done.stderr
+        assert done.returncode != 0
+        assert (f"updateStrategy.rollingUpdate.maxSurge={surge}: expected 0. One exporter per "
+                "state directory") in done.stderr, done.stderr
+    misplaced = helm("template", "x", str(CHART), "--set", "updateStrategy.maxSurge=1",
+                     check=False)
+    assert misplaced.returncode != 0 and "maxSurge" in misplaced.stderr
+    (on_delete,) = [d for d in rendered(None, "--set", "updateStrategy.type=OnDelete")
+                    if d["kind"] == "DaemonSet"]
+    assert on_delete["spec"]["updateStrategy"] == {"type": "OnDelete"}
     (daemonset,) = [d for d in rendered(None) if d["kind"] == "DaemonSet"]
     assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
 

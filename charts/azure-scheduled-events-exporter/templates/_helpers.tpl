@@ -104,6 +104,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Checks the values cannot express in values.schema.json, with a line that says what to set. */}}
 {{- define "see.validate" -}}
+{{- with .Values.updateStrategy.rollingUpdate }}
+{{- if and (hasKey . "maxSurge") (not (has (toString .maxSurge) (list "0" "0%"))) }}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0. One exporter per state directory: a surged pod would find the directory held by the pod it replaces, wait for it, and exit with code 3 (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge) }}
+{{- end }}
+{{- end }}
 {{- $eh := .Values.eventhubs }}
 {{- if $eh.enabled }}
 {{- if and $eh.existingSecret.name $eh.workloadIdentity.enabled }}
