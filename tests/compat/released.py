@@ -1,7 +1,8 @@
 """A released version of the exporter, run as users ran it, to write the state directory the
 current code must read (docs/semantics.md, "Compatibility").
 
-``RELEASES`` maps each released version to the commit it was built from. A release is taken
+``RELEASES`` maps each released version (and the development tree before files could
+evolve) to the commit it was built from. A release is taken
 out of the repository's own history with ``git archive`` and run from its own ``src/`` on the
 current interpreter (its runtime dependencies are in the same lock), never imported into the
 test process. ``write_state_dir`` makes the directory a fixture holds: two pending events, an
@@ -27,7 +28,10 @@ from tests.exporter_process import ExporterProcess, clean_env, free_port, wait_u
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 #: version → the commit of this repository it was released from.
-RELEASES = {"0.1.0": "56159e478654be07ada73b595c7c0a854d3e8a3c"}
+#: ``dev-56159e4`` is the development tree at that commit, the last before the files could
+#: evolve, which early adopters run from a clone; no version has been tagged yet. Each tag adds
+#: its version here (docs/releasing.md, step 4).
+RELEASES = {"dev-56159e4": "56159e478654be07ada73b595c7c0a854d3e8a3c"}
 
 REBOOT = {"EventId": "C7061BAC-AFDC-4513-B24B-AA5F13A16123", "EventStatus": "Scheduled",
           "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": ["vm-test"],
