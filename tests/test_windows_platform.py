@@ -507,5 +507,5 @@ def test_windows_main_thread_waits_in_short_steps_so_ctrl_break_is_handled() -> 
     # python/cpython#74157: an untimed wait never returns to the interpreter on Windows, so
     # Python's Ctrl-C/Ctrl-Break handlers would never run.
     event = CountingEvent()
-    stops.wait_for(event, wake=0.25)
+    stops.wait_for(event, windows=True, wake=0.25)
     assert event.timeouts == [0.25, 0.25, 0.25]

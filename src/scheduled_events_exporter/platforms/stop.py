@@ -15,6 +15,7 @@ Either way a second request exits at once (exit code 128 + the signal number).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -103,20 +104,55 @@ def install(stop: threading.Event, finished: threading.Event) -> None:
         install_posix(stop)
 
 
-#: How often the main thread looks up from waiting for the stop (see wait_for).
-WAKE: Final = 0.5
+#: How often the main thread looks up from waiting for the stop on Windows (see wait_for).
+WINDOWS_WAKE: Final = 0.5
+#: POSIX: the longest the main thread sleeps without a signal (a stop set without one).
+POSIX_WAKE: Final = 60.0
 
 
-def wait_for(stop: threading.Event, *, wake: float = WAKE) -> None:
-    """Block the main thread until ``stop`` is set, in timed steps of ``wake`` seconds.
+def wait_for(stop: threading.Event, *, windows: bool = sys.platform == "win32",
+             wake: float = WINDOWS_WAKE) -> None:
+    """Block the main thread until ``stop`` is set.
 
     Python runs a signal handler only in the main thread, once that thread comes back to the
-    interpreter. An untimed ``Event.wait()`` comes back only when the wait itself is
-    interrupted, and the OS interrupts it only when it delivers the signal to the main thread:
-    Linux may deliver a process's SIGTERM to any thread that does not block it (a sink's, the
-    poller's, a library's), and then the handler waited forever (seen: about one stop in ten
-    with gRPC's threads, under load). Windows never interrupts the wait
-    (python/cpython#74157). A step of 0.5 s bounds how late a stop can start, for two wake-ups
-    a second of an otherwise idle thread."""
+    interpreter. A plain ``Event.wait()`` comes back only when the OS interrupts the wait itself,
+    which it does only when it delivers the signal to the main thread: Linux may hand a
+    process's SIGTERM to any thread that does not block it (a sink's, the poller's, one of
+    gRPC's), and the handler then waited forever (seen: about one stop in ten with gRPC's
+    threads, under load). So on POSIX the main thread sleeps in ``select`` on a pipe that
+    ``signal.set_wakeup_fd`` makes the C-level handler write to, from whichever thread took
+    the signal: it wakes at once, and not at all while idle. Windows never interrupts the wait
+    (python/cpython#74157): there the wait is cut into short timed ones."""
+    if windows:
+        _wait_in_steps(stop, wake)
+    else:
+        _wait_for_signal(stop)
+
+
+def _wait_in_steps(stop: threading.Event, wake: float) -> None:
     while not stop.wait(wake):
         pass
+
+
+if sys.platform != "win32":
+    import select
+
+    def _wait_for_signal(stop: threading.Event) -> None:
+        readable, writable = os.pipe()
+        os.set_blocking(readable, False)
+        os.set_blocking(writable, False)
+        previous = signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
+        try:
+            while not stop.is_set():
+                select.select([readable], [], [], POSIX_WAKE)
+                # Back in the interpreter: a handler the signal left pending has run by now.
+                with contextlib.suppress(BlockingIOError):
+                    os.read(readable, 512)
+        finally:
+            signal.set_wakeup_fd(previous)
+            os.close(readable)
+            os.close(writable)
+else:
+
+    def _wait_for_signal(stop: threading.Event) -> None:
+        _wait_in_steps(stop, WINDOWS_WAKE)  # (no select on a pipe there)
