@@ -9,25 +9,39 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
-from scheduled_events_exporter.records import TransitionRecord, make_record
+from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks import delivery
 from scheduled_events_exporter.sinks.base import DeliveryError
 from scheduled_events_exporter.sinks.delivery import DeliveryWorker
-
-VM = InstanceInfo(vm_name="vm-test")
-AT = datetime(2026, 11, 25, tzinfo=timezone.utc)
+from tests.test_delivery_wait import record
 
 
-def record(seq: int) -> TransitionRecord:
-    event = ScheduledEvent(f"E{seq}", "Scheduled", "Freeze", "VirtualMachine", ("vm-test",),
-                           None, source="Platform", duration=5)
-    return make_record(Transition(TransitionKind.SCHEDULED, AT, seq, event), VM, seq)
+def attempt_times(fail: Callable[[int], DeliveryError | None], backoff: tuple[float, float],
+                  timeout: float) -> list[float]:
+    """When a worker tried to deliver one record; ``fail(n)`` is the error of the n-th attempt
+    (1-based), ``None`` once it succeeds."""
+    attempts: list[float] = []
+    done = threading.Event()
+
+    def deliver(records: Sequence[TransitionRecord]) -> None:
+        attempts.append(time.monotonic())
+        error = fail(len(attempts))
+        if error is not None:
+            raise error
+        done.set()
+
+    worker = DeliveryWorker("otlp", deliver, lambda *_: None, max_records=10, backoff=backoff)
+    worker.start()
+    try:
+        worker.submit([record(1)])
+        assert done.wait(timeout), "never delivered"
+    finally:
+        worker.stop(2)
+    return attempts
 
 
 @pytest.mark.parametrize(("asked", "least", "most"), [
@@ -37,24 +51,10 @@ def record(seq: int) -> TransitionRecord:
 def test_a_requested_delay_is_waited_for_up_to_the_one_cap(
         monkeypatch: pytest.MonkeyPatch, asked: float, least: float, most: float) -> None:
     monkeypatch.setattr(delivery, "RETRY_AFTER_CAP", 1.0)
-    attempts: list[float] = []
-    done = threading.Event()
-
-    def deliver(records: Sequence[TransitionRecord]) -> None:
-        attempts.append(time.monotonic())
-        if len(attempts) == 1:
-            raise DeliveryError("throttled", status="HTTP 429", retry_after=asked)
-        done.set()
-
     # The worker's own backoff is made negligible, so the wait is the peer's delay alone.
-    worker = DeliveryWorker("otlp", deliver, lambda *_: None, max_records=10,
-                            backoff=(0.01, 0.01))
-    worker.start()
-    try:
-        worker.submit([record(1)])
-        assert done.wait(10), "never retried"
-    finally:
-        worker.stop(2)
+    attempts = attempt_times(
+        lambda n: DeliveryError("throttled", status="HTTP 429", retry_after=asked)
+        if n == 1 else None, backoff=(0.01, 0.01), timeout=10)
     gap = attempts[1] - attempts[0]
     assert least <= gap <= most, gap
 
@@ -62,23 +62,8 @@ def test_a_requested_delay_is_waited_for_up_to_the_one_cap(
 def test_without_a_requested_delay_the_wait_doubles_to_its_cap_with_jitter() -> None:
     # The exporter specification, "Retry": exponential back-off with jitter. Each wait is
     # drawn from [b/2, b] ("equal jitter" on the worker's scale), b doubling up to the cap.
-    attempts: list[float] = []
-    done = threading.Event()
-
-    def deliver(records: Sequence[TransitionRecord]) -> None:
-        attempts.append(time.monotonic())
-        if len(attempts) < 7:
-            raise DeliveryError("collector unreachable")
-        done.set()
-
-    worker = DeliveryWorker("otlp", deliver, lambda *_: None, max_records=10,
-                            backoff=(0.08, 0.32))
-    worker.start()
-    try:
-        worker.submit([record(1)])
-        assert done.wait(20), "never delivered"
-    finally:
-        worker.stop(2)
+    attempts = attempt_times(lambda n: DeliveryError("collector unreachable") if n < 7 else None,
+                             backoff=(0.08, 0.32), timeout=20)
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     for gap, ceiling in zip(gaps, [0.08, 0.16, 0.32, 0.32, 0.32, 0.32], strict=True):
         # Lower bound exact; the upper one leaves room for a loaded machine.

@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,12 +34,19 @@ def polling(proc: ExporterProcess) -> bool:
     return "polling " in proc.stderr()
 
 
+@contextmanager
+def holder(sim: Simulator, state: Path) -> Iterator[ExporterProcess]:
+    """A first exporter that holds ``state`` and polls."""
+    with ExporterProcess(env_for(sim, state)) as first:
+        first.wait_for(lambda: polling(first), 20, "the first exporter polling")
+        yield first
+
+
 @pytest.mark.timeout(60)
 def test_a_second_exporter_on_a_held_directory_exits_3_naming_the_holder(
         sim: Simulator, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    with ExporterProcess(env_for(sim, state)) as first:
-        first.wait_for(lambda: polling(first), 20, "the first exporter polling")
+    with holder(sim, state) as first:
         started = time.monotonic()
         with ExporterProcess(env_for(sim, state)) as second:
             code = second.proc.wait(timeout=30)
@@ -57,16 +66,14 @@ def test_a_second_exporter_on_a_held_directory_exits_3_naming_the_holder(
 def test_a_second_exporter_takes_over_when_the_holder_stops(
         sim: Simulator, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    with ExporterProcess(env_for(sim, state)) as first:
-        first.wait_for(lambda: polling(first), 20, "the first exporter polling")
-        with ExporterProcess(env_for(sim, state)) as second:
-            second.wait_for(lambda: "is held by another exporter" in second.stderr(), 20,
-                            "the second exporter waiting")
-            assert not polling(second)
-            assert first.terminate() == 0
-            second.wait_for(lambda: polling(second), 20, "the second exporter taking over")
-            assert f"pid {second.proc.pid} on " in (state / dir_lock.LOCK_FILE).read_text()
-            assert second.terminate() == 0
+    with holder(sim, state) as first, ExporterProcess(env_for(sim, state)) as second:
+        second.wait_for(lambda: "is held by another exporter" in second.stderr(), 20,
+                        "the second exporter waiting")
+        assert not polling(second)
+        assert first.terminate() == 0
+        second.wait_for(lambda: polling(second), 20, "the second exporter taking over")
+        assert f"pid {second.proc.pid} on " in (state / dir_lock.LOCK_FILE).read_text()
+        assert second.terminate() == 0
     assert (state / dir_lock.LOCK_FILE).read_text() == ""  # released: no stale holder line
 
 
