@@ -113,6 +113,8 @@ def test_kill_storm_delivers_everything_and_repeats_only_what_a_kill_left_unackn
                 current = processes[-1]
                 if current.proc.poll() is not None:
                     if current.proc.returncode == 137:  # the failpoint, as it says
+                        # Its last line may still be in the pipe when the exit is seen.
+                        current.wait_for_output_end(10)
                         assert "failpoint after_deliver: exiting" in current.stderr()
                         crashes += 1
                     else:
