@@ -17,9 +17,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scheduled_events_exporter import imds, spool, state
+from scheduled_events_exporter import imds, state
 from scheduled_events_exporter.cli import main
-from scheduled_events_exporter.sinks import delivery, otlp
+from scheduled_events_exporter.sinks import otlp
+
+try:
+    from scheduled_events_exporter.delivery import spool
+    from scheduled_events_exporter.delivery import worker as delivery
+except ImportError:  # the code before the delivery package (bench/e2e_delay.py --code)
+    from scheduled_events_exporter import spool  # type: ignore[no-redef]
+    from scheduled_events_exporter.sinks import delivery  # type: ignore[no-redef]
 
 try:
     from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader as Reader

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.simulator import Simulator
-from scheduled_events_exporter.spool import Spool
 from tests.compat.released import FREEZE, HERE, REDEPLOY, RELEASES, release_env, write_state_dir
 from tests.exporter_process import ExporterProcess
 from tests.peers.rotel import RotelReceiver

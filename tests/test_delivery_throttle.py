@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from scheduled_events_exporter.delivery import worker as delivery
+from scheduled_events_exporter.delivery.outcome import DeliveryError
+from scheduled_events_exporter.delivery.worker import DeliveryWorker
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks import delivery
-from scheduled_events_exporter.sinks.base import DeliveryError
-from scheduled_events_exporter.sinks.delivery import DeliveryWorker
 from tests.test_delivery_wait import record
 
 

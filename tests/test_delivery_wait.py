@@ -12,10 +12,10 @@ from datetime import datetime, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduled_events_exporter.delivery.outcome import DeliveryError
+from scheduled_events_exporter.delivery.worker import DeliveryWorker
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
 from scheduled_events_exporter.records import TransitionRecord, make_record
-from scheduled_events_exporter.sinks.base import DeliveryError
-from scheduled_events_exporter.sinks.delivery import DeliveryWorker
 
 VM = InstanceInfo(vm_name="vm-test")
 AT = datetime(2026, 11, 25, tzinfo=timezone.utc)

@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("azure.eventhub")
 pytest.importorskip("proton")
 
+from scheduled_events_exporter.delivery.outcome import DeliveryError
 from scheduled_events_exporter.model import (
     FieldChange,
     InstanceInfo,
@@ -34,7 +35,6 @@ from scheduled_events_exporter.model import (
 )
 from scheduled_events_exporter.records import COLUMNS, make_record, to_columns
 from scheduled_events_exporter.simulator import Simulator
-from scheduled_events_exporter.sinks.base import DeliveryError
 from scheduled_events_exporter.sinks.eventhubs import (
     MAX_MESSAGE_BYTES,
     TRUNCATION_MARK,

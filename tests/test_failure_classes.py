@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scheduled_events_exporter.delivery.outcome import FailureKind
 from scheduled_events_exporter.platforms.files import write_all
-from scheduled_events_exporter.sinks.base import FailureKind
 from scheduled_events_exporter.sinks.otlp_errors import (
     classify_grpc,
     classify_http,

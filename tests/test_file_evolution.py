@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from scheduled_events_exporter.codec import encode_record
+from scheduled_events_exporter.delivery.spool import Spool, UnreadableLine
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.spool import Spool, UnreadableLine
 from scheduled_events_exporter.state import (
     SCHEMA_VERSION,
     NewerStateFile,

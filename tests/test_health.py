@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from scheduled_events_exporter.config import READINESS_CHECKS as DOWNSTREAM_CHECKS
+from scheduled_events_exporter.delivery.outcome import SinkStatus
 from scheduled_events_exporter.health import HealthInputs, liveness, readiness
 from scheduled_events_exporter.model import Outcome
-from scheduled_events_exporter.sinks.base import SinkStatus
 from scheduled_events_exporter.write_faults import WriteFault
 
 NOW = 1000.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scheduled_events_exporter.spool import Spool, waiting_elsewhere
+from scheduled_events_exporter.delivery.spool import Spool, waiting_elsewhere
 from tests.test_delivery_wait import record
 
 

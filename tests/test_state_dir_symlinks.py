@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduled_events_exporter.dead_letter import FILE_NAME, DeadLetterFile
+from scheduled_events_exporter.delivery.dead_letter import FILE_NAME, DeadLetterFile
 from scheduled_events_exporter.platforms.files import append_durably, write_atomically
 
 

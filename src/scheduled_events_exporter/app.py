@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from scheduled_events_exporter.approval_worker import Approver
 from scheduled_events_exporter.boot import continuing, host_boot_id
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.delivery.spool import waiting_elsewhere
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
 from scheduled_events_exporter.model import InstanceInfo
@@ -31,7 +32,6 @@ from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.poller import Clock, Poller, Submitter, with_vm_name
 from scheduled_events_exporter.records import TransitionRecord, body, for_log
 from scheduled_events_exporter.sinks import Sink, create_sinks
-from scheduled_events_exporter.spool import waiting_elsewhere
 from scheduled_events_exporter.state import (
     NewerStateFile,
     PersistedState,

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from scheduled_events_exporter.delivery.outcome import SinkStatus
 from scheduled_events_exporter.model import Outcome
 from scheduled_events_exporter.serving import IDLE_TIMEOUT, ConnectionCap
-from scheduled_events_exporter.sinks.base import SinkStatus
 from scheduled_events_exporter.write_faults import WriteFault
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """Sinks: where transition records and metrics go.
 
-:mod:`.base` defines what a sink is; :mod:`.delivery` is the worker every sink delivers with;
+:mod:`.base` defines what a sink is; :mod:`..delivery` (spool, worker, dead letters) is how
+every sink's records get there;
 :mod:`.console`, :mod:`.otlp` and :mod:`.eventhubs` are the sinks. Sink modules are imported
 only when configured (:func:`create_sinks`): the gRPC and Event Hubs stacks cost tens of MB.
 """
@@ -8,7 +9,8 @@ only when configured (:func:`create_sinks`): the gRPC and Event Hubs stacks cost
 from __future__ import annotations
 
 from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.sinks.base import FailureCounter, Sink, SinkStatus
+from scheduled_events_exporter.delivery.outcome import FailureCounter, SinkStatus
+from scheduled_events_exporter.sinks.base import Sink
 
 __all__ = ["Sink", "SinkStatus", "create_sinks"]
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.delivery.outcome import DeliveryError, FailureCounter
 from scheduled_events_exporter.records import TransitionRecord, to_columns
-from scheduled_events_exporter.sinks.base import DeliveryError, FailureCounter
 from scheduled_events_exporter.sinks.worker_sink import WorkerSink
 
 

@@ -30,8 +30,8 @@ from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.delivery.outcome import DeliveryError, FailureCounter
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
-from scheduled_events_exporter.sinks.base import DeliveryError, FailureCounter
 from scheduled_events_exporter.sinks.hub_sender import (
     SEND_DEADLINE,
     ClientFactory,

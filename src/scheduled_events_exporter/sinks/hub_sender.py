@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from scheduled_events_exporter.sinks.base import DeliveryError, FailureKind
+from scheduled_events_exporter.delivery.outcome import DeliveryError, FailureKind
 
 #: Longest a single SDK call may take before its client is abandoned.
 SEND_DEADLINE = 60.0

@@ -38,10 +38,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import Aggregation, ExponentialBucketHistogramAggregation
 
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.delivery.outcome import FailureCounter
+from scheduled_events_exporter.delivery.pause import RETRY_AFTER_CAP
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.sinks.base import FailureCounter
-from scheduled_events_exporter.sinks.delivery import RETRY_AFTER_CAP
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
 from scheduled_events_exporter.sinks.otlp_errors import describe, export_error
 from scheduled_events_exporter.sinks.otlp_proto import as_json, logs_request, metrics_request

@@ -17,7 +17,7 @@ have the references.
 
 from __future__ import annotations
 
-from scheduled_events_exporter.sinks.base import DeliveryError, FailureKind
+from scheduled_events_exporter.delivery.outcome import DeliveryError, FailureKind
 from scheduled_events_exporter.sinks.otlp_transport import Answer
 
 #: HTTP answers that mean "this request may succeed later" (OTLP/HTTP spec, plus 408).

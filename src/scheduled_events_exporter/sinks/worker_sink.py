@@ -1,5 +1,5 @@
 """The base of every sink: a sink is its ``_deliver`` plus one
-:class:`~scheduled_events_exporter.sinks.delivery.DeliveryWorker` (queue, spool, retries, dead
+:class:`~scheduled_events_exporter.delivery.worker.DeliveryWorker` (queue, spool, retries, dead
 letters), which this class builds from the configuration and drives."""
 
 from __future__ import annotations
@@ -10,14 +10,10 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.delivery.outcome import FailureCounter, SinkStatus
+from scheduled_events_exporter.delivery.worker import DeliveryWorker
 from scheduled_events_exporter.records import TransitionRecord, to_columns
-from scheduled_events_exporter.sinks.base import (
-    FailureCounter,
-    SinkStatus,
-    open_dead_letter,
-    open_spool,
-)
-from scheduled_events_exporter.sinks.delivery import DeliveryWorker
+from scheduled_events_exporter.sinks.base import open_dead_letter, open_spool
 from scheduled_events_exporter.telemetry import ExtraMetrics
 
 

@@ -10,8 +10,7 @@ transient errors are retried, permanent ones are not):
   error at the start of the streak and every few minutes, and ``/readyz`` fails at once;
 * permanent (other 4xx, a message too large for the hub): a batch is re-sent one record at a
   time to find the culprit; a record rejected on its own goes to the dead-letter file
-  (:mod:`~scheduled_events_exporter.dead_letter`), is counted and logged, and the worker goes
-  on with the next one;
+  (:mod:`.dead_letter`), is counted and logged, and the worker goes on with the next one;
 * too large (the request refused for its size: OTLP's 413, gRPC ``RESOURCE_EXHAUSTED`` without
   ``RetryInfo``): the worker halves the bytes it puts in one request, from then on, until a
   request passes; a record refused alone is dead-lettered as above, so nothing behind it waits.
@@ -35,21 +34,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from scheduled_events_exporter import dead_letter as letters
 from scheduled_events_exporter import failpoints
-from scheduled_events_exporter.dead_letter import DeadLetterFile
-from scheduled_events_exporter.records import (
-    TransitionRecord,
-    approximate_size,
-    to_columns,
-)
-from scheduled_events_exporter.sinks.base import (
+from scheduled_events_exporter.delivery import dead_letter as letters
+from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
+from scheduled_events_exporter.delivery.outcome import (
     DeliveryError,
     FailureCounter,
     FailureKind,
     SinkStatus,
 )
-from scheduled_events_exporter.spool import Spool, UnreadableLine
+from scheduled_events_exporter.delivery.pause import RETRY_AFTER_CAP
+from scheduled_events_exporter.delivery.spool import Spool, UnreadableLine
+from scheduled_events_exporter.records import (
+    TransitionRecord,
+    approximate_size,
+    to_columns,
+)
 from scheduled_events_exporter.streak import Streak
 
 log = logging.getLogger(__name__)
@@ -59,10 +59,6 @@ MAX_BATCH = 256
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
-#: The longest a peer's requested delay (Retry-After, RetryInfo) is believed; a longer one is
-#: waited for this long, then the request is tried again. The one cap of the OTLP and Event
-#: Hubs routes (the transports hand the delay over as the peer said it).
-RETRY_AFTER_CAP = 60.0
 #: A configuration error (authentication, endpoint) is logged again this often while it lasts.
 CONFIG_ERROR_REPEAT = 300.0
 #: An idle worker whose spool or dead-letter file could not be written looks again this often.
