@@ -8,6 +8,7 @@ each expected transition exactly once and nothing else.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,63 @@ def test_crash_while_the_collector_is_down_then_both_recover(
                    ("B", "started")]
     assert "azure.scheduled_event.observation_gap" in logs[2].attributes
     assert logs[2].attributes["azure.scheduled_event.outcome_basis"] == "observation_gap"
+
+
+def spooled_ids(state: Path) -> list[str]:
+    """EventIds of the whole lines of the otlp spool, in order."""
+    log = state / "spool" / "otlp.log"
+    text = log.read_text() if log.exists() else ""
+    return [json.loads(line)["record"]["transition"]["event"]["event_id"]
+            for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+@pytest.mark.parametrize("how", ["by hand", "failpoint"])
+@pytest.mark.timeout(150)
+def test_a_torn_spool_tail_does_not_eat_the_next_record(
+        sim: Simulator, tmp_path: Path, how: str) -> None:
+    """Power is cut in the middle of a spool append (the first 40 bytes of the line reach the
+    disk) while the collector is down; the exporter restarts, still without a collector, and
+    the next record is appended. Everything reaches the collector once it is back, and nothing
+    whole is dead-lettered. ``by hand`` writes the fragment as the trial did; ``failpoint``
+    dies for real inside the append (SEE_FAILPOINT=torn_write)."""
+    receiver = RotelReceiver().start()
+    receiver.stop()  # down from the start; its ports are known
+    state = Path(state_dir(tmp_path))
+    env = clean_env(SEE_IMDS_ENDPOINT=sim.url, SEE_SINKS="otlp", SEE_STATE_DIR=str(state),
+                    SEE_HEALTH_ADDR="", SEE_POLL_INTERVAL="0.3", OTEL_EXPORTER_OTLP_TIMEOUT="2",
+                    OTEL_EXPORTER_OTLP_ENDPOINT=receiver.http_endpoint,
+                    OTEL_METRICS_EXPORTER="none")
+    try:
+        sim.set_events([event("A")])
+        armed = {**env, "SEE_FAILPOINT": "torn_write:otlp.log:2:40"} if how == "failpoint" else env
+        with ExporterProcess(armed) as first:
+            first.wait_for(lambda: spooled_ids(state) == ["A"], 30, "A spooled")
+            sim.set_events([event("A"), event("B")])
+            if how == "failpoint":
+                first.wait_for(lambda: first.proc.poll() is not None, 30, "the torn write")
+                assert first.proc.returncode == 137, first.stderr()
+            else:
+                first.wait_for(lambda: spooled_ids(state) == ["A", "B"], 30, "B spooled")
+                first.kill()  # the state file still has B in its outbox, as at a power cut
+                # B's line as a power cut during its append would have left it.
+                log = state / "spool" / "otlp.log"
+                whole = log.read_bytes()
+                b_line = whole[whole.index(b"\n") + 1:]
+                log.write_bytes(whole[:whole.index(b"\n") + 1] + b_line[:40])
+        assert not (state / "spool" / "otlp.log").read_bytes().endswith(b"\n")
+        sim.set_events([event("A"), event("B"), event("C")])
+        with ExporterProcess(env) as second:
+            second.wait_for(lambda: spooled_ids(state) == ["A", "B", "C"], 30,
+                            "B (from the outbox) and C spooled after the cut")
+            assert second.terminate() == 0
+        receiver.start()
+        with ExporterProcess(env) as third:
+            logs = receiver.wait_for_logs(count=3, timeout=60)
+            assert third.terminate() == 0
+    finally:
+        receiver.stop()
+    got = [(r.attributes["azure.scheduled_event.id"], r.event_name.rsplit(".", 1)[1])
+           for r in receiver.logs]
+    assert got == [("A", "scheduled"), ("B", "scheduled"), ("C", "scheduled")], got
+    assert len({r.attributes["log.record.uid"] for r in logs}) == 3
+    assert not (state / "dead-letter.jsonl").exists(), (state / "dead-letter.jsonl").read_text()

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduled_events_exporter.delivery.outcome import FailureKind
-from scheduled_events_exporter.platforms.files import write_all
+from scheduled_events_exporter.platforms.durable import write_all
 from scheduled_events_exporter.sinks.otlp_errors import (
     classify_grpc,
     classify_http,

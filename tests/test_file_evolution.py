@@ -69,7 +69,7 @@ def test_a_pre_release_or_malformed_schema_is_set_aside(tmp_path: Path, schema: 
     assert list(tmp_path.glob("state.json.corrupt-*"))
 
 
-def test_unknown_fields_in_the_state_file_are_named_once_and_ignored(
+def test_unknown_fields_in_the_state_file_are_named_once_and_kept(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = saved(tmp_path)
     expected = store.load()
@@ -83,6 +83,35 @@ def test_unknown_fields_in_the_state_file_are_named_once_and_ignored(
     said = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
     assert len(said) == 1
     assert "ScheduledEvent.priority, Transition.reason, state.next" in said[0]
+    # Saved again by this release (as the committer does, with the loaded top-level fields),
+    # the file holds them where the newer release put them.
+    loaded = store.load()
+    assert loaded is not None
+    store.save(loaded)
+    again = json.loads(store.path.read_text())
+    assert again["next"] == 1
+    assert again["tracker"]["events"][0][1]["event"]["priority"] == "high"
+    assert again["outbox"][0]["transition"]["reason"] == "x"
+
+
+def test_an_outbox_record_this_release_cannot_read_does_not_set_the_state_aside(
+        tmp_path: Path) -> None:
+    store = saved(tmp_path)
+    data = json.loads(store.path.read_text())
+    future = json.loads(json.dumps(data["outbox"][0]))
+    future["seq"], future["record_id"] = 10, "rid-10"
+    future["transition"]["kind"] = "superseded"
+    data["outbox"].append(future)
+    data["outbox"].append(encode_record(record(11)))
+    store.path.write_text(json.dumps(data))
+    loaded = store.load()
+    assert loaded is not None, "the state was set aside"
+    assert not list(tmp_path.glob("state.json.corrupt-*"))
+    assert [r.seq for r in loaded.outbox] == [9, 11]
+    [entry] = loaded.unreadable
+    assert entry.seq == 10 and "superseded" in entry.reason and "outbox entry 1" in entry.reason
+    assert entry.content == {"seq": 10, "record": future}
+    assert loaded.tracker.incarnation == 3
 
 
 def test_fields_an_older_release_did_not_write_take_their_defaults(tmp_path: Path) -> None:
@@ -151,6 +180,65 @@ def test_only_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     assert taken == []
 
 
+@pytest.mark.parametrize("cut", [1, 40, len(line(2)) - 2])
+def test_a_torn_tail_is_cut_off_before_the_next_append(tmp_path: Path, cut: int) -> None:
+    """A power cut in the middle of an append, then the next record: it must not land after
+    the fragment (the merged line would be dead-lettered at the next start, and the record
+    with it)."""
+    spool = spool_with(tmp_path, line(1) + line(2)[:cut])
+    assert [r.seq for r in spool.load()] == [1]
+    assert (tmp_path / "otlp.log").read_text() == line(1), "the torn tail is still there"
+    # The outbox repair offers seq 2 again, and the next poll seq 3.
+    assert [r.seq for r in spool.append([record(2), record(3)])] == [2, 3]
+    taken: list[UnreadableLine] = []
+    assert [r.seq for r in Spool(tmp_path, "otlp").load(taken.append)] == [1, 2, 3]
+    assert taken == []
+
+
+def test_a_tail_that_only_lost_its_newline_is_completed(tmp_path: Path) -> None:
+    spool = spool_with(tmp_path, line(1) + line(2).rstrip("\n"))
+    assert [r.seq for r in spool.load()] == [1, 2]
+    spool.append([record(3)])
+    assert [r.seq for r in Spool(tmp_path, "otlp").load()] == [1, 2, 3]
+
+
+def test_an_append_before_any_load_cuts_the_tail_too(tmp_path: Path) -> None:
+    spool = spool_with(tmp_path, line(1) + line(2)[:30])
+    spool.append([record(2)])
+    assert [r.seq for r in Spool(tmp_path, "otlp").load()] == [1, 2]
+
+
+def test_compaction_keeps_a_line_it_cannot_parse(tmp_path: Path) -> None:
+    """An unreadable line the dead-letter file could not take stays in the log however much is
+    delivered around it: emptying or compacting the log must not drop it."""
+    text = line(1) + "{not ours\n" + line(2)
+    spool = spool_with(tmp_path, text)
+
+    def full_disk(_: UnreadableLine) -> None:
+        raise OSError(28, "No space left on device")
+
+    assert [r.seq for r in spool.load(full_disk)] == [1, 2]
+    spool.append([record(3)])
+    spool.ack(3)  # everything readable is delivered
+    assert "{not ours" in (tmp_path / "otlp.log").read_text()
+    taken: list[UnreadableLine] = []
+    assert Spool(tmp_path, "otlp").load(taken.append) == []
+    assert [u.content for u in taken] == ["{not ours"]
+
+
+def test_compaction_past_the_bound_keeps_a_line_it_cannot_parse(tmp_path: Path) -> None:
+    text = line(1) + "{not ours\n" + line(2) + line(3)
+    (tmp_path / "otlp.log").write_text(text)
+    spool = Spool(tmp_path, "otlp", compact_bytes=10)
+
+    def full_disk(_: UnreadableLine) -> None:
+        raise OSError(28, "No space left on device")
+
+    spool.load(full_disk)
+    spool.ack(2)
+    assert (tmp_path / "otlp.log").read_text() == "{not ours\n" + line(3)
+
+
 def test_lines_already_acknowledged_are_not_even_decoded(tmp_path: Path) -> None:
     future = json.loads(line(1))
     future["record"]["transition"]["kind"] = "superseded"
@@ -160,11 +248,15 @@ def test_lines_already_acknowledged_are_not_even_decoded(tmp_path: Path) -> None
     assert taken == []
 
 
-def test_unknown_fields_in_spool_lines_are_ignored(tmp_path: Path) -> None:
+def test_unknown_fields_in_spool_lines_are_kept_with_the_record(tmp_path: Path) -> None:
     data = json.loads(line(1, written_by="0.2.0"))
     data["record"]["transition"]["why"] = "new"
     spool = spool_with(tmp_path, json.dumps(data) + "\n")
-    assert spool.load() == [record(1)]
+    [loaded] = spool.load()
+    assert loaded == record(1)  # equal: what another release added is never compared
+    assert loaded.transition.unknown_fields == (("why", "new"),)
+    # Written again (a redelivery, another spool), the record carries them.
+    assert encode_record(loaded)["transition"]["why"] == "new"
 
 
 @pytest.mark.parametrize(("text", "acked"), [("7", 7), ("7\n", 7), ('{"seq": 7, "at": 1}', 7),

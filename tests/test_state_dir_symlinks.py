@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scheduled_events_exporter.delivery.dead_letter import FILE_NAME, DeadLetterFile
-from scheduled_events_exporter.platforms.files import append_durably, write_atomically
+from scheduled_events_exporter.platforms.durable import append_durably, write_atomically
 
 
 def test_append_refuses_a_planted_symlink(tmp_path: Path) -> None:

@@ -156,9 +156,9 @@ class Exporter:
         seq = persisted.seq if persisted else 0
         for sink in self.sinks:
             sink.start(self.telemetry.resource, self.telemetry.per_event_metrics)
-            if persisted and persisted.outbox:
+            if persisted and (persisted.outbox or persisted.unreadable):
                 # Repair a crash between committing the state and spooling its records.
-                sink.submit(persisted.outbox)
+                sink.recover(persisted.outbox, persisted.unreadable)
             seq = max(seq, sink.status().last_seq)
         if config.state_dir is not None:
             for name, count in waiting_elsewhere(config.state_dir / "spool", config.sinks):
@@ -191,6 +191,7 @@ class Exporter:
                 self.store,
                 self._count_failure,
                 approvals=approver.approved_ids if approver is not None else tuple,
+                unknown_fields=persisted.unknown_fields if persisted else (),
             )
             if self.store
             else None

@@ -8,8 +8,10 @@ annotation declares: ``str``, ``int`` (never a bool), ``float``, ``bool``, ``dat
 JSON types, and nested dataclasses.
 
 The files evolve (docs/semantics.md#compatibility): a field a reader does not know was written
-by a newer release and is ignored (``decode``'s ``ignored`` names them, so the caller can say
-so once); a field a reader misses was not yet written by an older release and takes its
+by a newer release. It is kept in the value's ``unknown_fields`` (model.UnknownFields) and
+written back after the known ones, so an upgrade, a rollback and an upgrade again lose nothing
+(``decode``'s ``ignored`` names them, so the caller can say so once); a value without that field
+skips them. A field a reader misses was not yet written by an older release and takes its
 default. Everything else stays strict: a value of another type, or a missing field that has no
 default, raises ``ValueError`` naming where it is, so a damaged file is detected instead of
 half-loaded. A new field is one line in its dataclass, with a default (so older files still
@@ -25,11 +27,15 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.tracker import TrackerState
+
+#: The field of a value that holds what a newer release wrote (model.UnknownFields).
+UNKNOWN = "unknown_fields"
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -105,8 +111,18 @@ def _encoder(hint: Any) -> Encoder:
         return encode  # a union of JSON types, or anything else: by the value's own type
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         hints = typing.get_type_hints(hint)
-        fields = tuple((f.name, _encoder(hints[f.name])) for f in dataclasses.fields(hint))
-        return lambda value: {name: convert(getattr(value, name)) for name, convert in fields}
+        fields = tuple((f.name, _encoder(hints[f.name])) for f in dataclasses.fields(hint)
+                       if f.name != UNKNOWN)
+        if not any(f.name == UNKNOWN for f in dataclasses.fields(hint)):
+            return lambda value: {name: convert(getattr(value, name)) for name, convert in fields}
+
+        def write(value: Any) -> Any:
+            out = {name: convert(getattr(value, name)) for name, convert in fields}
+            for name, item in getattr(value, UNKNOWN):
+                # A newer release's field, as it wrote it; never one this release writes.
+                out.setdefault(name, item)
+            return out
+        return write
     if origin in (tuple, list):
         item = _encoder(args[0])
         return list if item is _identity else (lambda value: [item(i) for i in value])
@@ -146,28 +162,31 @@ def _decoder(hint: Any) -> Decoder:
 
 def _dataclass_decoder(kind: type) -> Decoder:
     hints = typing.get_type_hints(kind)
-    names = [f.name for f in dataclasses.fields(kind)]
+    names = [f.name for f in dataclasses.fields(kind) if f.name != UNKNOWN]
+    keeps = len(names) < len(dataclasses.fields(kind))
     fields = tuple((name, _decoder(hints[name])) for name in names)
     expected = frozenset(names)
     # A field with a default may be missing (an older release did not write it yet); one
     # without cannot, so a file that lost it is damaged, not old.
-    required = [f.name for f in dataclasses.fields(kind)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [f.name for f in dataclasses.fields(kind) if f.name != UNKNOWN
+                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
     def read(data: object) -> Any:
         if not isinstance(data, dict):
             raise _Bad(f"expected an object, got {type(data).__name__}")
         present = fields
+        values: dict[str, Any] = {}
         if data.keys() != expected:  # the common case is exact: no per-field lookups then
             missing = [n for n in required if n not in data]
             if missing:
                 raise _Bad(f"expected the fields {names}, missing {missing} (which have no "
                            "default)")
-            unknown = data.keys() - expected
+            unknown = [name for name in data if name not in expected]
             if unknown and (note := _IGNORED.get()) is not None:
                 note.update(f"{kind.__name__}.{name}" for name in unknown)
+            if unknown and keeps:
+                values[UNKNOWN] = tuple((name, data[name]) for name in unknown)
             present = tuple((name, convert) for name, convert in fields if name in data)
-        values = {}
         for name, convert in present:
             try:
                 values[name] = convert(data[name])
@@ -254,6 +273,20 @@ def _expect(kind: type[T], data: object) -> T:
     if not isinstance(data, kind) or (kind is int and isinstance(data, bool)):
         raise _Bad(f"expected {kind.__name__}, got {type(data).__name__}")
     return data
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableLine:
+    """A whole entry of a file (a spool line, an outbox record) that is not a record this
+    release can read: another release's form it cannot follow, or damage. Never dropped: it
+    goes to the dead-letter file with ``reason``."""
+
+    #: Its sequence number, when the entry says one.
+    seq: int | None
+    #: The entry as JSON, or as text when it is not JSON at all.
+    content: object
+    #: Why it cannot be read (what was expected, what was seen).
+    reason: str
 
 
 def encode_state(state: TrackerState) -> Json:

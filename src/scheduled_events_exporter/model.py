@@ -6,9 +6,16 @@ Everything here is a frozen dataclass or an enum: values cross module boundaries
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
+
+#: Fields of a value that a newer release wrote and this one does not know, as (name, JSON
+#: value) pairs in the order read. They ride along so that writing the value back to a file
+#: keeps them (protobuf's rule for unknown fields; codec.py, docs/semantics.md#compatibility).
+#: Never compared, hashed or shown: two values that differ only here are equal.
+UnknownFields = tuple[tuple[str, Any], ...]
+
 
 #: EventStatus values the platform documents; anything else is kept verbatim (docs/lifecycle.md).
 STATUS_SCHEDULED = "Scheduled"
@@ -32,6 +39,7 @@ class ScheduledEvent:
     source: str = ""
     #: DurationInSeconds as sent: -1 unknown, 0 no impact.
     duration: int = -1
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
     @property
     def is_started(self) -> bool:
@@ -174,6 +182,7 @@ class FieldChange:
     name: str
     old: str | int | list[str] | None
     new: str | int | list[str] | None
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +212,7 @@ class Transition:
     approval_reason: str | None = None
     #: Human detail of an approval decision (hook exit, POST answer, matching rule).
     approval_detail: str | None = None
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,3 +228,4 @@ class InstanceInfo:
     zone: str = ""
     scale_set_name: str = ""
     vm_size: str = ""
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)

@@ -15,7 +15,7 @@ import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from scheduled_events_exporter import __version__
@@ -25,6 +25,7 @@ from scheduled_events_exporter.model import (
     InstanceInfo,
     Transition,
     TransitionKind,
+    UnknownFields,
 )
 
 #: ``AzureScheduledEvents_CL`` columns in order, with their Log Analytics types.
@@ -80,6 +81,7 @@ class TransitionRecord:
     exporter_version: str = __version__
     #: Position in the exporter's record stream (spool order); 0 when not spooled.
     seq: int = 0
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
     @property
     def event_name(self) -> str:

@@ -5,6 +5,11 @@ the last committed document. The poll loop commits the state (with its records) 
 the records to the sinks' spools; a crash between the two is repaired at start by re-spooling
 the outbox (spool appends are idempotent by sequence number). So a restart neither repeats nor
 forgets a transition.
+
+The file evolves like the spool: an outbox record this release cannot read (a transition kind
+a newer release added) does not make the file unusable; it is handed over to be dead-lettered
+(``PersistedState.unreadable``) and the rest loads. Fields a newer release wrote, at the top
+level and inside every value, are kept and written back.
 """
 
 from __future__ import annotations
@@ -13,11 +18,19 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduled_events_exporter.codec import decode_record, decode_state, encode_record, encode_state
-from scheduled_events_exporter.platforms.files import FILES, write_atomically
+from scheduled_events_exporter.codec import (
+    UnreadableLine,
+    decode_record,
+    decode_state,
+    encode_record,
+    encode_state,
+)
+from scheduled_events_exporter.model import UnknownFields
+from scheduled_events_exporter.platforms.durable import replace_durably, write_atomically
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.tracker import TrackerState
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
@@ -56,6 +69,11 @@ class PersistedState:
     seq: int = 0
     outbox: tuple[TransitionRecord, ...] = ()
     approvals: tuple[str, ...] = ()
+    #: Outbox records this release cannot read (read only; never written back: they go to
+    #: the dead-letter file at start, for each sink whose spool does not have them yet).
+    unreadable: tuple[UnreadableLine, ...] = ()
+    #: Top-level fields a newer release wrote, written back as they were.
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
 
 class StateStore:
@@ -77,8 +95,9 @@ class StateStore:
     def load(self) -> PersistedState | None:
         """The saved state; ``None`` when there is none or it is damaged (then set aside).
 
-        Fields a newer release added are ignored (said once, at INFO); fields an older release
-        did not write take their defaults; an older released schema is migrated. Raises
+        Fields a newer release added are kept (said once, at INFO); fields an older release
+        did not write take their defaults; an older released schema is migrated; an outbox
+        record this release cannot read is returned in ``unreadable``, the rest loads. Raises
         :class:`NewerStateFile` for a schema newer than ``SCHEMA_VERSION``."""
         try:
             size = self.path.stat().st_size
@@ -120,22 +139,32 @@ class StateStore:
             ignored: set[str] = set()
             if "tracker" not in data:
                 raise ValueError("tracker: missing")
+            records, unreadable = _read_outbox(outbox, ignored)
+            unknown = tuple((key, value) for key, value in data.items()
+                            if key not in KNOWN_KEYS)
             loaded = PersistedState(
                 tracker=decode_state(data["tracker"], ignored),
                 seq=seq,
-                outbox=tuple(decode_record(r, ignored) for r in outbox),
+                outbox=records,
                 approvals=tuple(approvals),
+                unreadable=unreadable,
+                unknown_fields=unknown,
             )
-            ignored.update(f"state.{key}" for key in data.keys() - KNOWN_KEYS)
+            ignored.update(f"state.{key}" for key, _ in unknown)
             if ignored:
-                log.info("state file %s: ignoring fields this release does not know (a newer "
-                         "release wrote them; they are not kept): %s",
+                log.info("state file %s: keeping fields this release does not know (a newer "
+                         "release wrote them; they are written back as they are): %s",
                          self.path, ", ".join(sorted(ignored)))
+            for entry in unreadable:
+                log.warning("state file %s: its outbox holds a record this release cannot read "
+                            "(%s); it goes to the dead-letter file of every sink that has not "
+                            "spooled it, the rest of the state is kept", self.path,
+                            entry.reason[:300])
             return loaded
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
             try:
-                FILES.replace(self.path, aside)
+                replace_durably(self.path, aside)
             except OSError:
                 aside = self.path
             log.warning(
@@ -157,6 +186,8 @@ class StateStore:
             "outbox": [encode_record(r) for r in state.outbox],
             "approvals": list(state.approvals),
         }
+        for key, value in state.unknown_fields:
+            data.setdefault(key, value)  # a newer release's, as it wrote it
         with self.watch.guard():
             write_atomically(self.path, json.dumps(data, separators=(",", ":")).encode())
 
@@ -179,8 +210,12 @@ class StateCommitter:
         store: StateStore,
         count_failure: Callable[[str, str, int], None],
         approvals: Callable[[], Iterable[str]] = tuple,
+        unknown_fields: UnknownFields = (),
     ) -> None:
+        """``unknown_fields``: the loaded file's top-level fields a newer release wrote,
+        written back at every save."""
         self._store = store
+        self._unknown = unknown_fields
         self._approvals = approvals
         self._count_failure = count_failure
         self._last_save = -float("inf")
@@ -206,6 +241,7 @@ class StateCommitter:
                     seq=seq,
                     outbox=outbox,
                     approvals=tuple(sorted(self._approvals())),
+                    unknown_fields=self._unknown,
                 )
             )
         except OSError:  # logged once per streak by the store
@@ -214,3 +250,21 @@ class StateCommitter:
             return
         self._unsaved = ()
         self._last_save = now
+
+
+def _read_outbox(outbox: list[object], ignored: set[str]
+                 ) -> tuple[tuple[TransitionRecord, ...], tuple[UnreadableLine, ...]]:
+    """The outbox's records, and those this release cannot read (each as the spool line it
+    would have been, ``{"seq": n, "record": ...}``, so a dead letter has one shape)."""
+    records: list[TransitionRecord] = []
+    unreadable: list[UnreadableLine] = []
+    for index, raw in enumerate(outbox):
+        try:
+            records.append(decode_record(raw, ignored))
+        except (ValueError, TypeError, RecursionError) as exc:
+            seq = raw.get("seq") if isinstance(raw, dict) else None
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                seq = None
+            unreadable.append(UnreadableLine(seq, {"seq": seq, "record": raw},
+                                             f"outbox entry {index}: {str(exc)[:500]}"))
+    return tuple(records), tuple(unreadable)

@@ -19,6 +19,7 @@ from scheduled_events_exporter.model import (
     ScheduledEvent,
     Transition,
     TransitionKind,
+    UnknownFields,
 )
 
 #: Fields whose change (with an unchanged status) is an ``updated`` transition, by IMDS name.
@@ -50,6 +51,7 @@ class KnownEvent:
     status_since: datetime
     #: First seen already Started while the exporter watched continuously (a real surprise).
     unannounced: bool = False
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class TrackerState:
     interrupted: bool = False
     #: The host's boot id when the state was last updated (``None``: unknown).
     boot_id: str | None = None
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,20 +209,20 @@ def track(
                     elapsed=elapsed,
                 )
             )
-            new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since=now,
-                                                    unannounced=known.unannounced)
+            # replace: what a newer release kept on the entry survives (docs/semantics.md);
+            # the event itself is this document's, as this release reads it.
+            new_events[event.event_id] = replace(known, event=event, status_since=now)
             continue
         changes = _changes(old, event)
         status_since = known.status_since if event.status == old.status else now
-        new_events[event.event_id] = KnownEvent(event, known.first_seen, status_since,
-                                                unannounced=known.unannounced)
+        new_events[event.event_id] = replace(known, event=event, status_since=status_since)
         if changes:
             updates.append(
                 make(TransitionKind.UPDATED, event, previous_status=old.status, changes=changes)
             )
 
-    new_state = TrackerState(events=new_events, incarnation=incarnation, last_good=now,
-                             boot_id=evidence.boot_id or state.boot_id)
+    new_state = replace(state, events=new_events, incarnation=incarnation, last_good=now,
+                        interrupted=False, boot_id=evidence.boot_id or state.boot_id)
     transitions = (*resets, *removals, *status_changes, *updates, *appearances)
     return new_state, transitions
 

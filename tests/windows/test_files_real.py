@@ -19,12 +19,8 @@ import threading
 from pathlib import Path
 
 from scheduled_events_exporter.config import ConfigError, load_config
-from scheduled_events_exporter.platforms.files import (
-    FILES,
-    WindowsFiles,
-    append_durably,
-    write_atomically,
-)
+from scheduled_events_exporter.platforms.durable import append_durably, write_atomically
+from scheduled_events_exporter.platforms.files import FILES, WindowsFiles
 from tests.windows import win
 
 #: SYSTEM, Administrators, the owner (OWNER RIGHTS): files.PRIVATE_DIR_SDDL's trustees.

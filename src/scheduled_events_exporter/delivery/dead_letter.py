@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from scheduled_events_exporter.platforms.files import FILES, append_durably, write_all
+from scheduled_events_exporter.platforms.durable import append_durably, replace_durably, write_all
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
@@ -82,9 +83,11 @@ def rejected(sink: str, record: TransitionRecord, status: str, reason: str,
                       seq=record.seq, payload=rendered)
 
 
-def unreadable(sink: str, seq: int | None, content: object, reason: str) -> DeadLetter:
-    """The letter of a spool line this release cannot read (docs/semantics.md#compatibility):
-    ``content`` whole, and whatever identifies it where the line still has its usual shape."""
+def unreadable(sink: str, seq: int | None, content: object, reason: str,
+               source: str = "the spool") -> DeadLetter:
+    """The letter of an entry of ``source`` (a spool line, or an outbox record of the state
+    file shaped as one) this release cannot read (docs/semantics.md#compatibility):
+    ``content`` whole, and whatever identifies it where the entry still has its usual shape."""
     record = content.get("record") if isinstance(content, dict) else None
     transition = record.get("transition") if isinstance(record, dict) else None
     event = transition.get("event") if isinstance(transition, dict) else None
@@ -94,7 +97,7 @@ def unreadable(sink: str, seq: int | None, content: object, reason: str) -> Dead
         return value if isinstance(value, str) else ""
 
     return DeadLetter(time=rfc3339(datetime.now(timezone.utc)), sink=sink, status="unreadable",
-                      reason=f"the spool holds a line this release cannot read: {reason}"[:500],
+                      reason=f"{source} holds an entry this release cannot read: {reason}"[:500],
                       event_id=text(event, "event_id"), transition=text(transition, "kind"),
                       record_id=text(record, "record_id"), seq=-1 if seq is None else seq,
                       payload=content)
@@ -121,7 +124,7 @@ class DeadLetterFile:
         with self._lock, self.watch.guard():
             FILES.make_dirs(self.path.parent)
             if _size(self.path) + len(data) > MAX_BYTES:
-                FILES.replace(self.path, self.path.with_name(FILE_NAME + ".1"))
+                replace_durably(self.path, self.path.with_name(FILE_NAME + ".1"))
             append_durably(self.path, data)
 
     def probe(self) -> None:

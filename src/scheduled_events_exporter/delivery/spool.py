@@ -3,12 +3,16 @@
 
 An append-only log of JSON lines (``<sink>.log``, each ``{"seq": n, "record": {...}}``) plus an
 acknowledgement cursor (``<sink>.ack``, the highest delivered sequence number). Appends are
-fsynced and idempotent by sequence number; a torn last line after a crash is skipped. A line
-that is whole but cannot be read as a record (another release's form this one cannot follow, or
-damage) is never dropped: :meth:`Spool.load` hands it to its caller, which moves it to the
-dead-letter file, and only then is it removed from the log. The log is compacted (rewritten
-atomically with only pending lines) once everything in it is delivered
-or it has grown past a bound, so the file stays small in steady state.
+fsynced and idempotent by sequence number. Every line ends with a newline, written last: bytes
+after the last newline are the tail of an append a crash cut short (it never returned, and its
+records are still in the state file's outbox). That torn tail is cut off, fsynced, before
+anything is appended after it (at load, and again after an append that failed half-way), or
+completed with its newline when it is a whole line that only lost its newline. A line that is
+whole but cannot be read as a record (another release's form this one cannot follow, or damage)
+is never dropped: :meth:`Spool.load` hands it to its caller, which moves it to the dead-letter
+file, and only then is it removed from the log; compaction keeps any line it cannot parse. The
+log is compacted (rewritten atomically with only pending lines) once everything in it is
+delivered or it has grown past a bound, so the file stays small in steady state.
 """
 
 from __future__ import annotations
@@ -17,11 +21,15 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from scheduled_events_exporter.codec import decode_record, encode_record
-from scheduled_events_exporter.platforms.files import FILES, append_durably, write_atomically
+from scheduled_events_exporter.codec import UnreadableLine, decode_record, encode_record
+from scheduled_events_exporter.platforms.durable import (
+    append_durably,
+    truncate_durably,
+    write_atomically,
+)
+from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
@@ -29,18 +37,7 @@ log = logging.getLogger(__name__)
 
 COMPACT_BYTES = 4 * 1024 * 1024
 
-
-@dataclass(frozen=True, slots=True)
-class UnreadableLine:
-    """A whole spool line that is not a record this release can read."""
-
-    #: Its sequence number, when the line says one.
-    seq: int | None
-    #: The line as JSON, or as text when it is not JSON at all.
-    content: object
-    #: Why it cannot be read (what was expected, what was seen).
-    reason: str
-
+__all__ = ["COMPACT_BYTES", "Reject", "Spool", "UnreadableLine", "waiting_elsewhere"]
 
 #: Called with each unreadable line; raises ``OSError`` when it could not keep it (the line
 #: then stays in the log and is offered again at the next start).
@@ -50,16 +47,23 @@ Reject = Callable[[UnreadableLine], None]
 class Spool:
     """The durable queue of one sink."""
 
-    def __init__(self, directory: Path, sink: str) -> None:
+    def __init__(self, directory: Path, sink: str, *, compact_bytes: int = COMPACT_BYTES) -> None:
         self.sink = sink
         FILES.make_dirs(directory)
         self.log_path = directory / f"{sink}.log"
         self.ack_path = directory / f"{sink}.ack"
+        self._compact_bytes = compact_bytes
         self._lock = threading.Lock()
         self.acked = self._read_ack()
         self.last_seq = self.acked
         self._pending: list[TransitionRecord] = []
         self._loaded = False
+        # False until the log is known to end with a newline (checked and, if need be, mended
+        # before the first append, and again after an append that failed half-way).
+        self._tail_sound = False
+        # Unreadable lines left in the log (the dead-letter file could not take them): every
+        # rewrite keeps them, so they are offered again at the next start.
+        self._held = 0
         self.watch = WriteWatch(self.log_path, f"spool of sink {sink}",
                                 "its records are held in memory (a crash now would lose them)")
 
@@ -71,31 +75,25 @@ class Spool:
     def load(self, reject: Reject | None = None) -> list[TransitionRecord]:
         """Records appended but not acknowledged, in order (read once, at start).
 
-        Each whole line that cannot be read as a record goes to ``reject`` and, once it has
-        taken them all, out of the log; without ``reject`` such lines stay where they are."""
+        A torn tail (an append a crash cut short) is cut off first. Each whole line that cannot
+        be read as a record goes to ``reject`` and, once it has taken them all, out of the log;
+        without ``reject`` such lines stay where they are."""
         with self._lock:
             if self._loaded:
                 return list(self._pending)
             self._loaded = True
+            self._mend_tail_logged()
             pending: dict[int, TransitionRecord] = {}
             unreadable: list[tuple[int, UnreadableLine]] = []
-            torn: int | None = None
             ignored: set[str] = set()
-            try:
-                with self.log_path.open("rb") as handle:
-                    lines = handle.readlines()
-            except FileNotFoundError:
-                lines = []
+            lines = self._whole_lines()
             for number, line in enumerate(lines, 1):
                 try:
                     item = json.loads(line)
                 except (ValueError, RecursionError):
-                    if number == len(lines):
-                        torn = number - 1  # a crash cut the last append: it was never acknowledged
-                    else:
-                        unreadable.append((number - 1, UnreadableLine(
-                            None, line.decode("utf-8", "replace").rstrip("\n")[:4096],
-                            f"line {number} is not JSON")))
+                    unreadable.append((number - 1, UnreadableLine(
+                        None, line.decode("utf-8", "replace").rstrip("\n")[:4096],
+                        f"line {number} is not JSON")))
                     continue
                 seq = item.get("seq") if isinstance(item, dict) else None
                 if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
@@ -110,21 +108,60 @@ class Spool:
                     pending[seq] = decode_record(item.get("record"), ignored)
                 except (ValueError, TypeError, RecursionError) as exc:
                     unreadable.append((number - 1, UnreadableLine(seq, item, str(exc)[:500])))
-            if torn is not None:
-                log.warning("spool %s: skipped its last line, cut short by a crash while it "
-                            "was written (it was never acknowledged)", self.sink)
             if ignored:
-                log.info("spool %s: ignoring fields this release does not know (a newer release "
+                log.info("spool %s: keeping fields this release does not know (a newer release "
                          "wrote them): %s", self.sink, ", ".join(sorted(ignored)))
+            self._held = len(unreadable)
             if unreadable and reject is not None:
-                self._set_aside(lines, unreadable, torn, reject)
+                self._set_aside(lines, unreadable, reject)
             self._pending = [r for _, r in sorted(pending.items())]
             return list(self._pending)
 
+    def _whole_lines(self) -> list[bytes]:
+        """The log's lines that end with a newline (a torn tail, if it could not be cut off,
+        is left out: it is not a line)."""
+        try:
+            data = self.log_path.read_bytes()
+        except FileNotFoundError:
+            return []
+        return data[:data.rfind(b"\n") + 1].splitlines(keepends=True)
+
+    def _mend_tail_logged(self) -> None:
+        try:
+            with self.watch.guard(self.log_path):
+                self._mend_tail()
+        except OSError:
+            pass  # the watch logged it; the next append tries again first
+
+    def _mend_tail(self) -> None:
+        """Make the log end with a newline before anything is appended: bytes after the last
+        newline are an append a crash cut short. Cut them off (fsynced), or, when they are a
+        whole line that only lost its newline, complete it. ``OSError`` when it cannot."""
+        try:
+            size = self.log_path.stat().st_size
+        except FileNotFoundError:
+            self._tail_sound = True
+            return
+        end = _end_of_last_line(self.log_path, size)
+        if end < size:
+            with self.log_path.open("rb") as handle:
+                handle.seek(end)
+                tail = handle.read()
+            if _line_seq(tail) is not None:
+                append_durably(self.log_path, b"\n")
+                log.warning("spool %s: its last line had lost its newline in a crash; "
+                            "completed it", self.sink)
+            else:
+                truncate_durably(self.log_path, end)
+                log.warning("spool %s: cut off the last %d bytes, a line a crash left "
+                            "unfinished (its append never returned; its records are "
+                            "appended again from the state file)", self.sink, size - end)
+        self._tail_sound = True
+
     def _set_aside(self, lines: list[bytes], unreadable: list[tuple[int, UnreadableLine]],
-                   torn: int | None, reject: Reject) -> None:
-        """Hand each unreadable line to ``reject``, then rewrite the log without those it took
-        (and without a torn last line)."""
+                   reject: Reject) -> None:
+        """Hand each unreadable line to ``reject``, then rewrite the log without those it
+        took."""
         taken: set[int] = set()
         for index, what in unreadable:
             try:
@@ -134,16 +171,21 @@ class Spool:
             taken.add(index)
         if not taken:
             return
-        kept = [line if line.endswith(b"\n") else line + b"\n"
-                for index, line in enumerate(lines) if index not in taken and index != torn]
-        with self.watch.guard(self.log_path):
-            write_atomically(self.log_path, b"".join(kept))
+        kept = [line for index, line in enumerate(lines) if index not in taken]
+        try:
+            with self.watch.guard(self.log_path):
+                write_atomically(self.log_path, b"".join(kept))
+        except OSError:
+            return  # the dead-letter file has them and the log still does: offered again
+        self._held -= len(taken)
+        self._tail_sound = True
 
     def append(self, records: Sequence[TransitionRecord]) -> list[TransitionRecord]:
         """Durably append the records not already here; returns those actually appended.
 
         Raises ``OSError`` (disk full, read-only) after cutting off whatever part of the lines
-        reached the file, so a later append never lands after a torn line.
+        reached the file, so a later append never lands after a torn line (and should that cut
+        fail too, the next append cuts it first).
         """
         with self._lock:
             fresh = [r for r in records if r.seq > self.last_seq]
@@ -157,7 +199,13 @@ class Spool:
                 for r in fresh
             )
             with self.watch.guard(self.log_path):
-                append_durably(self.log_path, data)
+                if not self._tail_sound:
+                    self._mend_tail()
+                try:
+                    append_durably(self.log_path, data)
+                except OSError:
+                    self._tail_sound = False
+                    raise
             self.last_seq = fresh[-1].seq
             return fresh
 
@@ -180,19 +228,23 @@ class Spool:
     def _write_ack(self, seq: int) -> None:
         write_atomically(self.ack_path, str(seq).encode())
         self.acked = seq
-        if seq >= self.last_seq:
+        if seq >= self.last_seq and not self._held:
             # All delivered: the log restarts empty (the common, steady-state case).
             write_atomically(self.log_path, b"")
+            self._tail_sound = True
             return
         try:
             size = self.log_path.stat().st_size
         except FileNotFoundError:
             return
-        if size > COMPACT_BYTES:
-            # Re-read under the lock so lines appended since the caller looked are kept.
-            with self.log_path.open("rb") as handle:
-                kept = [line for line in handle if _line_seq(line) > seq]
+        if size > self._compact_bytes or seq >= self.last_seq:
+            # Re-read under the lock so lines appended since the caller looked are kept; a
+            # line whose sequence number cannot be read is kept too (it is not ours to drop),
+            # a torn tail is not (it is not a line).
+            kept = [line for line in self._whole_lines()
+                    if (line_seq := _line_seq(line)) is None or line_seq > seq]
             write_atomically(self.log_path, b"".join(kept))
+            self._tail_sound = True
 
     def _read_ack(self) -> int:
         try:
@@ -238,9 +290,25 @@ def _cursor(text: str) -> int:
     return max(0, seq)
 
 
-def _line_seq(line: bytes) -> int:
+def _line_seq(line: bytes) -> int | None:
+    """The sequence number of a spool line, ``None`` when it is not a line of ours."""
     try:
         seq = json.loads(line)["seq"]
-    except (ValueError, KeyError, TypeError):
-        return -1
-    return seq if isinstance(seq, int) else -1
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
+
+
+def _end_of_last_line(path: Path, size: int, chunk: int = 64 * 1024) -> int:
+    """The offset just past the last newline of ``path`` (0 when it has none), read from the
+    end: a line can be megabytes long, the tail after it is usually nothing."""
+    with path.open("rb") as handle:
+        end = size
+        while end > 0:
+            start = max(0, end - chunk)
+            handle.seek(start)
+            at = handle.read(end - start).rfind(b"\n")
+            if at >= 0:
+                return start + at + 1
+            end = start
+    return 0

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scheduled_events_exporter import failpoints
+from scheduled_events_exporter.codec import UnreadableLine
 from scheduled_events_exporter.delivery import dead_letter as letters
 from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
 from scheduled_events_exporter.delivery.outcome import (
@@ -44,7 +45,7 @@ from scheduled_events_exporter.delivery.outcome import (
     SinkStatus,
 )
 from scheduled_events_exporter.delivery.pause import RETRY_AFTER_CAP
-from scheduled_events_exporter.delivery.spool import Spool, UnreadableLine
+from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.records import (
     TransitionRecord,
     approximate_size,
@@ -147,6 +148,24 @@ class DeliveryWorker:
     def submit(self, records: Sequence[TransitionRecord]) -> None:
         """Queue records without blocking on I/O; past the bound the oldest are dropped, counted."""
         self._enqueue(records, durable=True)
+
+    def recover(self, outbox: Sequence[TransitionRecord],
+                unreadable: Sequence[UnreadableLine] = ()) -> None:
+        """After :meth:`start`, what the state file's outbox holds: records committed just
+        before a crash may not have reached the spool (appended now, idempotent by sequence
+        number), and entries this release cannot read go to the dead-letter file unless this
+        sink's spool already has their sequence number (its own copy is handled there)."""
+        for line in unreadable:
+            if line.seq is not None and line.seq <= self._seq:
+                continue
+            try:
+                self._reject_unreadable(line, "the state file's outbox")
+            except OSError as exc:  # the watch said why; the entry is at least in this line
+                log.error("sink %s: outbox entry (seq %s) not kept (%s): %s", self.name,
+                          line.seq, exc, letters.unreadable(self.name, line.seq, line.content,
+                                                            line.reason).to_json().decode()
+                          .rstrip()[:65536])
+        self._enqueue(outbox, durable=True)
 
     def _enqueue(self, records: Sequence[TransitionRecord], *, durable: bool) -> None:
         # Idempotent by sequence number: the start-up outbox repair may offer records again.
@@ -405,16 +424,17 @@ class DeliveryWorker:
         self._ack(queued.seq)
         self._done(queued.seq)
 
-    def _reject_unreadable(self, line: UnreadableLine) -> None:
-        """Dead-letter a spool line this release cannot read (written by another release, or
-        damaged): kept for a person, never dropped. ``OSError`` when it cannot be kept."""
+    def _reject_unreadable(self, line: UnreadableLine, source: str = "the spool") -> None:
+        """Dead-letter an entry of ``source`` this release cannot read (written by another
+        release, or damaged): kept for a person, never dropped. ``OSError`` when it cannot be
+        kept."""
         if self._dead_letter is None:
             raise OSError("no dead-letter file (SEE_STATE_DIR is disabled)")
-        letter = letters.unreadable(self.name, line.seq, line.content, line.reason)
+        letter = letters.unreadable(self.name, line.seq, line.content, line.reason, source)
         self._dead_letter.append(letter)  # OSError: logged by its watch; the line stays
-        log.error("sink %s: spool line (seq %s, EventId %s) cannot be read by this release "
-                  "(%s); moved to %s", self.name, letter.seq, letter.event_id or "unknown",
-                  line.reason[:300], self._dead_letter.path)
+        log.error("sink %s: %s holds an entry (seq %s, EventId %s) this release cannot read "
+                  "(%s); moved to %s", self.name, source, letter.seq,
+                  letter.event_id or "unknown", line.reason[:300], self._dead_letter.path)
         self._count_dead_letter()
 
     def _count_dead_letter(self) -> None:

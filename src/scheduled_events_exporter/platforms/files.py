@@ -13,10 +13,8 @@ the files in it inherit.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -182,59 +180,3 @@ if sys.platform == "win32":
     FILES: Final[Files] = WindowsFiles(create_private_directory=win32.create_private_directory)
 else:
     FILES: Final[Files] = PosixFiles()
-
-
-# --- durable writes on top of FILES (the state file, the spools, the dead-letter file) -------
-
-def write_all(fd: int, data: bytes) -> None:
-    """``os.write`` until every byte is written: a nearly full disk first writes *part* of a
-    buffer and only fails on the next call, so a single unchecked write can leave a torn file."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[written:]
-
-
-def append_durably(path: Path, data: bytes) -> None:
-    """Append ``data`` and fsync. On failure (a full or read-only disk) the file is cut back to
-    its previous size, so a later append never lands after a torn line; ``OSError`` is raised."""
-    # Never through a link planted in the state directory.
-    fd = FILES.open_append(path)
-    try:
-        size = os.fstat(fd).st_size
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        except OSError:
-            with contextlib.suppress(OSError):  # best effort; readers skip a torn line
-                os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """temp file + fsync + rename + directory fsync: readers see the old or the new file whole.
-
-    On any failure (a full or read-only disk) the temp file is removed and ``path`` is left
-    exactly as it was; the ``OSError`` is raised to the caller.
-    """
-    # An unpredictable name created exclusively, never through a symlink: nobody can make us
-    # write elsewhere by planting a link under the name we are about to use. The rename then
-    # replaces ``path`` itself, a link there included, never its target.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    try:
-        fd = FILES.open_new(tmp)
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        FILES.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # gone already, or the directory is read-only
-            os.unlink(tmp)
-        raise
-    FILES.sync_dir(path.parent)

@@ -14,6 +14,7 @@ from typing import Protocol
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
+from scheduled_events_exporter.codec import UnreadableLine
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
 from scheduled_events_exporter.delivery.outcome import SinkStatus
@@ -38,6 +39,13 @@ class Sink(Protocol):
 
     def submit(self, records: Sequence[TransitionRecord]) -> None:
         """Hand records over for delivery, in order. Must not block on I/O."""
+        ...
+
+    def recover(self, outbox: Sequence[TransitionRecord],
+                unreadable: Sequence[UnreadableLine]) -> None:
+        """At start, after :meth:`start`: the state file's outbox (records committed before a
+        crash may not have reached this sink's spool) and the outbox entries this release
+        cannot read (dead-lettered unless the spool has them)."""
         ...
 
     def metrics_changed(self) -> None:
