@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import threading
@@ -22,10 +23,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from scheduled_events_exporter.platforms.durable import append_durably, replace_durably, write_all
+from scheduled_events_exporter.platforms.durable import (
+    append_durably,
+    mend_tail,
+    replace_durably,
+    write_all,
+)
 from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "dead-letter.jsonl"
 #: Past this size the file is renamed to ``dead-letter.jsonl.1`` (replacing an older one), so a
@@ -110,6 +118,9 @@ class DeadLetterFile:
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / FILE_NAME
+        # False until the file is known to end with a newline (checked before the first
+        # append of this process, and again after an append that failed).
+        self._tail_sound = False
         self.watch = WriteWatch(self.path, "dead-letter file",
                                 "the rejected record is only in the log line above")
 
@@ -119,13 +130,26 @@ class DeadLetterFile:
         return self.watch.fault
 
     def append(self, letter: DeadLetter) -> None:
-        """Append one line; raises ``OSError`` (logged once per streak by the watch)."""
+        """Append one line; raises ``OSError`` (logged once per streak by the watch).
+
+        A letter a crash cut short at the end of the file is cut off first (or completed, when
+        only its newline was lost), so the next letter never merges with it."""
         data = letter.to_json()
         with self._lock, self.watch.guard():
             FILES.make_dirs(self.path.parent)
+            if not self._tail_sound:
+                done, size = mend_tail(self.path, _whole_letter)
+                if done:
+                    log.warning("dead-letter file %s: %s the last %d bytes, a letter a crash "
+                                "left unfinished", self.path, done, size)
+                self._tail_sound = True
             if _size(self.path) + len(data) > MAX_BYTES:
                 replace_durably(self.path, self.path.with_name(FILE_NAME + ".1"))
-            append_durably(self.path, data)
+            try:
+                append_durably(self.path, data)
+            except OSError:
+                self._tail_sound = False
+                raise
 
     def probe(self) -> None:
         """After a failed append: write and remove a small file next to it, to learn (and show
@@ -144,6 +168,13 @@ class DeadLetterFile:
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     os.unlink(probe)
+
+
+def _whole_letter(tail: bytes) -> bool:
+    try:
+        return isinstance(json.loads(tail), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _size(path: Path) -> int:

@@ -24,11 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from scheduled_events_exporter.codec import UnreadableLine, decode_record, encode_record
-from scheduled_events_exporter.platforms.durable import (
-    append_durably,
-    truncate_durably,
-    write_atomically,
-)
+from scheduled_events_exporter.platforms.durable import append_durably, mend_tail, write_atomically
 from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
@@ -137,25 +133,14 @@ class Spool:
         """Make the log end with a newline before anything is appended: bytes after the last
         newline are an append a crash cut short. Cut them off (fsynced), or, when they are a
         whole line that only lost its newline, complete it. ``OSError`` when it cannot."""
-        try:
-            size = self.log_path.stat().st_size
-        except FileNotFoundError:
-            self._tail_sound = True
-            return
-        end = _end_of_last_line(self.log_path, size)
-        if end < size:
-            with self.log_path.open("rb") as handle:
-                handle.seek(end)
-                tail = handle.read()
-            if _line_seq(tail) is not None:
-                append_durably(self.log_path, b"\n")
-                log.warning("spool %s: its last line had lost its newline in a crash; "
-                            "completed it", self.sink)
-            else:
-                truncate_durably(self.log_path, end)
-                log.warning("spool %s: cut off the last %d bytes, a line a crash left "
-                            "unfinished (its append never returned; its records are "
-                            "appended again from the state file)", self.sink, size - end)
+        done, size = mend_tail(self.log_path, lambda tail: _line_seq(tail) is not None)
+        if done == "completed":
+            log.warning("spool %s: its last line had lost its newline in a crash; completed it",
+                        self.sink)
+        elif done == "cut":
+            log.warning("spool %s: cut off the last %d bytes, a line a crash left unfinished "
+                        "(its append never returned; its records are appended again from the "
+                        "state file)", self.sink, size)
         self._tail_sound = True
 
     def _set_aside(self, lines: list[bytes], unreadable: list[tuple[int, UnreadableLine]],
@@ -297,18 +282,3 @@ def _line_seq(line: bytes) -> int | None:
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
-
-
-def _end_of_last_line(path: Path, size: int, chunk: int = 64 * 1024) -> int:
-    """The offset just past the last newline of ``path`` (0 when it has none), read from the
-    end: a line can be megabytes long, the tail after it is usually nothing."""
-    with path.open("rb") as handle:
-        end = size
-        while end > 0:
-            start = max(0, end - chunk)
-            handle.seek(start)
-            at = handle.read(end - start).rfind(b"\n")
-            if at >= 0:
-                return start + at + 1
-            end = start
-    return 0

@@ -159,3 +159,41 @@ def replace_durably(source: Path, target: Path) -> None:
     FILES.replace(source, target)
     _step("dirsync", target.parent)
     FILES.sync_dir(target.parent)
+
+
+def end_of_last_line(path: Path, size: int, chunk: int = 64 * 1024) -> int:
+    """The offset just past the last newline of ``path`` (0 when it has none), read from the
+    end: a line can be megabytes long, the tail after it is usually nothing."""
+    with path.open("rb") as handle:
+        end = size
+        while end > 0:
+            start = max(0, end - chunk)
+            handle.seek(start)
+            at = handle.read(end - start).rfind(b"\n")
+            if at >= 0:
+                return start + at + 1
+            end = start
+    return 0
+
+
+def mend_tail(path: Path, whole: Callable[[bytes], bool]) -> tuple[str, int]:
+    """Make a file of newline-terminated lines end with a newline, before anything is appended
+    to it: bytes after its last newline are an append a crash cut short. When ``whole(tail)``
+    they are a complete line that only lost its newline, which is added; otherwise they are cut
+    off. Returns (``"completed"``, ``"cut"`` or ``""``, bytes concerned); ``OSError`` when the
+    file cannot be mended."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "", 0
+    end = end_of_last_line(path, size)
+    if end == size:
+        return "", 0
+    with path.open("rb") as handle:
+        handle.seek(end)
+        tail = handle.read()
+    if whole(tail):
+        append_durably(path, b"\n")
+        return "completed", size - end
+    truncate_durably(path, end)
+    return "cut", size - end
