@@ -57,9 +57,12 @@ class Spool:
         # False until the log is known to end with a newline (checked and, if need be, mended
         # before the first append, and again after an append that failed half-way).
         self._tail_sound = False
-        # Unreadable lines left in the log (the dead-letter file could not take them): every
-        # rewrite keeps them, so they are offered again at the next start.
-        self._held = 0
+        # Unreadable lines still in the log (the dead-letter file could not take them yet):
+        # every rewrite keeps them whatever their sequence number, they are offered again at
+        # each acknowledgement and at the next start, and the ack cursor on disk stays below
+        # them (else the next start would take them for delivered and never offer them).
+        self._held: dict[bytes, UnreadableLine] = {}
+        self._reject: Reject | None = None
         self.watch = WriteWatch(self.log_path, f"spool of sink {sink}",
                                 "its records are held in memory (a crash now would lose them)")
 
@@ -107,9 +110,9 @@ class Spool:
             if ignored:
                 log.info("spool %s: keeping fields this release does not know (a newer release "
                          "wrote them): %s", self.sink, ", ".join(sorted(ignored)))
-            self._held = len(unreadable)
-            if unreadable and reject is not None:
-                self._set_aside(lines, unreadable, reject)
+            self._held = {lines[index]: what for index, what in unreadable}
+            self._reject = reject
+            self._offer_held()
             self._pending = [r for _, r in sorted(pending.items())]
             return list(self._pending)
 
@@ -143,26 +146,28 @@ class Spool:
                         "state file)", self.sink, size)
         self._tail_sound = True
 
-    def _set_aside(self, lines: list[bytes], unreadable: list[tuple[int, UnreadableLine]],
-                   reject: Reject) -> None:
-        """Hand each unreadable line to ``reject``, then rewrite the log without those it
-        took."""
-        taken: set[int] = set()
-        for index, what in unreadable:
+    def _offer_held(self) -> None:
+        """Hand each held unreadable line to the caller's ``reject``, then rewrite the log
+        without those it took (they are in the dead-letter file now)."""
+        if not self._held or self._reject is None:
+            return
+        taken: list[bytes] = []
+        for line, what in self._held.items():
             try:
-                reject(what)
+                self._reject(what)
             except OSError:
-                break  # kept in the log: offered again at the next start
-            taken.add(index)
+                break  # kept in the log: offered again at the next ack or start
+            taken.append(line)
         if not taken:
             return
-        kept = [line for index, line in enumerate(lines) if index not in taken]
+        kept = [line for line in self._whole_lines() if line not in taken]
+        for line in taken:
+            del self._held[line]
         try:
             with self.watch.guard(self.log_path):
                 write_atomically(self.log_path, b"".join(kept))
         except OSError:
             return  # the dead-letter file has them and the log still does: offered again
-        self._held -= len(taken)
         self._tail_sound = True
 
     def append(self, records: Sequence[TransitionRecord]) -> list[TransitionRecord]:
@@ -211,7 +216,11 @@ class Spool:
             self._write_ack(max(seq, self.acked))
 
     def _write_ack(self, seq: int) -> None:
-        write_atomically(self.ack_path, str(seq).encode())
+        self._offer_held()  # the dead-letter file may take them now
+        held = [what.seq for what in self._held.values() if what.seq is not None]
+        # Below a held line the cursor must not pass: the next start offers it again.
+        cursor = min(seq, min(held) - 1) if held else seq
+        write_atomically(self.ack_path, str(max(cursor, 0)).encode())
         self.acked = seq
         if seq >= self.last_seq and not self._held:
             # All delivered: the log restarts empty (the common, steady-state case).
@@ -226,8 +235,8 @@ class Spool:
             # Re-read under the lock so lines appended since the caller looked are kept; a
             # line whose sequence number cannot be read is kept too (it is not ours to drop),
             # a torn tail is not (it is not a line).
-            kept = [line for line in self._whole_lines()
-                    if (line_seq := _line_seq(line)) is None or line_seq > seq]
+            kept = [line for line in self._whole_lines() if line in self._held
+                    or (line_seq := _line_seq(line)) is None or line_seq > seq]
             write_atomically(self.log_path, b"".join(kept))
             self._tail_sound = True
 
