@@ -125,3 +125,27 @@ def test_windows_locks_one_byte_past_the_holder_line_and_reads_a_refusal() -> No
 
     with pytest.raises(OSError):
         dir_lock.windows_try_lock(7, broken, 2, seek)
+
+
+@pytest.mark.parametrize(("where", "kind"), [
+    ("/var/lib/see", ""),                      # the root file system (ext4)
+    ("/mnt/nfs/see", "nfs4"),
+    ("/mnt/nfs/local/see", ""),                # a local mount inside the NFS one wins
+    ("/mnt/azure files/see", "cifs"),          # \040 in the table is a space
+    ("/mnt/blob/x", "fuse.blobfuse2"),
+    ("/mnt/nfsother", ""),                     # a prefix of the name is not a parent
+])
+def test_a_state_directory_on_a_network_file_system_is_recognised(
+        tmp_path: Path, where: str, kind: str) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda1 / ext4 rw 0 0\n"
+        "server:/export /mnt/nfs nfs4 rw,vers=4.1 0 0\n"
+        "/dev/vdb /mnt/nfs/local xfs rw 0 0\n"
+        "//acct.file.core.windows.net/share /mnt/azure\\040files cifs rw 0 0\n"
+        "blobfuse2 /mnt/blob fuse.blobfuse2 rw 0 0\n")
+    assert dir_lock.remote_file_system(Path(where), mounts) == kind
+
+
+def test_no_mount_table_means_no_warning(tmp_path: Path) -> None:
+    assert dir_lock.remote_file_system(tmp_path, tmp_path / "absent") == ""

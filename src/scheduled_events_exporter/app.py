@@ -427,5 +427,12 @@ def lock_state_dir(config: Config, stop: threading.Event) -> dir_lock.DirectoryL
         log.warning("state directory %s is held by another exporter (%s); waiting up to %g s "
                     "for it to stop", config.state_dir, holder or "holder unknown", wait)
 
+    remote = dir_lock.remote_file_system(config.state_dir)
+    if remote:
+        log.warning("state directory %s is on a network file system (%s): after a crash its "
+                    "lock can outlive the %g s a new exporter waits (an NFSv4 lease lasts about "
+                    "90 s), and the new one then exits with code 3 until it expires; put "
+                    "SEE_STATE_DIR on a local disk (docs/semantics.md, \"One exporter per state "
+                    "directory\")", config.state_dir, remote, wait)
     return dir_lock.acquire(config.state_dir, wait=wait, waiting=waiting, sleep=stop.wait,
                             cancelled=stop.is_set)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import socket
 import sys
 import time
@@ -68,8 +69,10 @@ else:
 def windows_try_lock(fd: int, locking: Callable[[int, int, int], None], mode: int,
                      seek: Callable[[int, int, int], int] = os.lseek) -> bool:
     """``msvcrt.locking`` of the byte at :data:`WINDOWS_LOCK_OFFSET` (it locks from the current
-    position); ``False`` when another process holds it (the C runtime retries a non-blocking
-    lock for a few seconds and then fails with ``EACCES`` or ``EDEADLOCK``)."""
+    position); ``False`` at once when another process holds it: with ``LK_NBLCK`` the C runtime
+    does not retry (only ``LK_LOCK`` does, ten times a second apart; Microsoft's "_locking
+    constants" page), it fails with ``EACCES`` or ``EDEADLOCK``. The waiting is
+    :func:`acquire`'s own loop, every 0.1 s, the same on both systems."""
     seek(fd, WINDOWS_LOCK_OFFSET, os.SEEK_SET)
     try:
         locking(fd, mode, 1)
@@ -135,3 +138,32 @@ def acquire(directory: Path, *, wait: float = 0.0, try_lock: TryLock = _try_lock
         raise
     return DirectoryLock(fd, path)
 
+
+#: File systems whose locks live on a server (NFS, SMB/CIFS as Azure Files mounts, FUSE
+#: as blobfuse): a crashed holder's lock outlives it there (an NFSv4 lease about 90 s).
+REMOTE_FILE_SYSTEMS: Final = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph",
+                                        "glusterfs", "lustre"})
+
+
+def remote_file_system(directory: Path, mounts: Path = Path("/proc/self/mounts")) -> str:
+    """The type of the file system ``directory`` is on when its locks live on a server (see
+    :data:`REMOTE_FILE_SYSTEMS`, and any FUSE file system), else ``""`` (also where the mount
+    table cannot be read: Windows, or no /proc)."""
+    try:
+        table = mounts.read_text()
+    except OSError:
+        return ""
+    target = os.path.realpath(directory)
+    best, kind = "", ""
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # The mount table escapes space, tab, newline and backslash as octal (\040).
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    if kind in REMOTE_FILE_SYSTEMS or kind.startswith("fuse"):
+        return kind
+    return ""
