@@ -1,5 +1,5 @@
 """The delivery worker is the one place a peer's requested delay is capped and waited for
-(``delivery.RETRY_AFTER_CAP``): a ``Retry-After``/``RetryInfo`` beyond it is waited for as long
+(``pause.RETRY_AFTER_CAP``, the peer's pause): a ``Retry-After``/``RetryInfo`` beyond it is waited for as long
 as the cap, then the request is tried again. The transports hand the delay over uncapped
 (tests/test_otlp_transport.py); the scripted-peer tests show the waits end to end
 (tests/test_otlp_conformance.py)."""
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from scheduled_events_exporter.delivery import worker as delivery
+from scheduled_events_exporter.delivery import pause
 from scheduled_events_exporter.delivery.outcome import DeliveryError
 from scheduled_events_exporter.delivery.worker import DeliveryWorker
 from scheduled_events_exporter.records import TransitionRecord
@@ -50,7 +50,7 @@ def attempt_times(fail: Callable[[int], DeliveryError | None], backoff: tuple[fl
 ])
 def test_a_requested_delay_is_waited_for_up_to_the_one_cap(
         monkeypatch: pytest.MonkeyPatch, asked: float, least: float, most: float) -> None:
-    monkeypatch.setattr(delivery, "RETRY_AFTER_CAP", 1.0)
+    monkeypatch.setattr(pause, "RETRY_AFTER_CAP", 1.0)
     # The worker's own backoff is made negligible, so the wait is the peer's delay alone.
     attempts = attempt_times(
         lambda n: DeliveryError("throttled", status="HTTP 429", retry_after=asked)
@@ -94,7 +94,7 @@ def test_a_metric_export_is_not_sent_while_the_collectors_pause_lasts() -> None:
             now[0] += 30
             assert exporter.export(empty) is MetricExportResult.FAILURE  # paused: not sent
             assert len(server.seen) == 1
-            now[0] += delivery.RETRY_AFTER_CAP  # the pause, capped once, is over
+            now[0] += pause.RETRY_AFTER_CAP  # the pause, capped once, is over
             assert exporter.export(empty) is MetricExportResult.SUCCESS
             assert len(server.seen) == 2
         finally:

@@ -46,7 +46,8 @@ class Collector:
 def worker_on(collector: Collector, now: list[float], max_records: int
               ) -> Iterator[DeliveryWorker]:
     """A started worker on a test clock (``now[0]``), stopped with the collector up again
-    (its stop waits on that same frozen clock, so it must be able to drain)."""
+    (its stop waits on that same frozen clock, so it must be able to drain: the clock moves past
+    any pause the worker's backoff set, which is a deadline on that clock too)."""
     worker = DeliveryWorker("otlp", collector, lambda *_: None, max_records=max_records,
                             clock=lambda: now[0])
     worker.start()
@@ -54,7 +55,19 @@ def worker_on(collector: Collector, now: list[float], max_records: int
         yield worker
     finally:
         collector.up = True
+        drain(worker, now)
         worker.stop(10)
+
+
+def drain(worker: DeliveryWorker, now: list[float]) -> None:
+    """Let the test clock run until the worker delivered everything: its backoff is a pause on
+    that clock, a deadline a frozen clock never reaches."""
+    deadline = time.monotonic() + 10
+    while worker.status().pending:
+        assert time.monotonic() < deadline, "the worker never drained"
+        now[0] += 1.0
+        worker.flush(0)  # wakes the worker to look at its pause again
+        time.sleep(0.005)
 
 
 def test_records_dropped_at_the_bound_keep_counting_as_waiting() -> None:
@@ -72,7 +85,7 @@ def test_records_dropped_at_the_bound_keep_counting_as_waiting() -> None:
         assert status.oldest_wait == 60.0
 
         collector.up = True
-        assert worker.flush(10)
+        drain(worker, now)
         assert worker.status().oldest_wait == 0.0
         # A new backlog after a delivery is as old as its own oldest record.
         collector.up = False

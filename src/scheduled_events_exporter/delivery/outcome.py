@@ -11,15 +11,19 @@ from scheduled_events_exporter.write_faults import WriteFault
 
 
 class FailureKind(enum.Enum):
-    """How a failed delivery is handled: ``TRANSIENT`` is retried in order, ``CONFIG`` is retried
-    and reported loudly (readiness fails), ``PERMANENT`` isolates the record into the dead letter,
-    ``TOO_LARGE`` (the request, not a record, was refused for its size) halves the batch until
-    it passes, a single record still refused going to the dead letter (:mod:`.delivery`)."""
+    """How a failed delivery is handled (:mod:`.worker`): ``TRANSIENT`` is retried in order
+    after a backoff; ``CONFIG`` too, and reported loudly (readiness fails); ``PERMANENT``
+    isolates the record into the dead letter; ``TOO_LARGE`` (the request, not a record, was
+    refused for its size, and the answer proves it) halves the request after a backoff, a record
+    refused alone twice going to the dead letter; ``EXHAUSTED`` (refused without a reason: busy,
+    or perhaps too large) is ``TOO_LARGE`` when the peer accepted smaller requests and none this
+    large (:mod:`.bound`), else ``TRANSIENT``."""
 
     TRANSIENT = "transient"
     CONFIG = "config"
     PERMANENT = "permanent"
     TOO_LARGE = "too_large"
+    EXHAUSTED = "exhausted"
 
 
 class DeliveryError(Exception):
@@ -58,6 +62,15 @@ class SinkStatus:
     config_error: str = ""
     #: Files of this sink (spool, dead letter) that cannot be written right now.
     write_faults: tuple[WriteFault, ...] = ()
+    #: Set while the sink's recent records were dead-lettered (all of the last few, or most in
+    #: the last minutes): it refuses what it is given (:mod:`.rejections`).
+    rejecting: str = ""
+    #: Bytes one request may carry now (halved after a refusal for size, grown back after
+    #: successes), and the most it may.
+    request_bytes: int = 0
+    max_request_bytes: int = 0
+    #: Seconds until the next request may go (the peer's requested pause, or our backoff).
+    paused_for: float = 0.0
 
 
 #: Counts a failure: (sink, signal, count); the ``export.failures`` metric.

@@ -4,19 +4,25 @@ Records are delivered in order and acknowledged only when the sink's ``deliver``
 happens on a failure depends on its :class:`FailureKind` (the OpenTelemetry Collector's rule:
 transient errors are retried, permanent ones are not):
 
-* transient (429, 502-504, other 5xx, timeouts, connection refused, the hub's retriable errors):
-  the records stay queued and are retried with capped exponential backoff; nothing is lost;
+* transient (429, 502-504, other 5xx, timeouts, connection refused, the hub's retriable errors,
+  a refusal that gives no reason): the records stay queued and are retried after a capped
+  exponential backoff with jitter, or after the pause the peer asked for if longer; nothing is
+  lost;
 * configuration (401/403 authentication, 404 endpoint): retried the same way, logged as an
   error at the start of the streak and every few minutes, and ``/readyz`` fails at once;
 * permanent (other 4xx, a message too large for the hub): a batch is re-sent one record at a
   time to find the culprit; a record rejected on its own goes to the dead-letter file
   (:mod:`.dead_letter`), is counted and logged, and the worker goes on with the next one;
-* too large (the request refused for its size: OTLP's 413, gRPC ``RESOURCE_EXHAUSTED`` without
-  ``RetryInfo``): the worker halves the bytes it puts in one request, from then on, until a
-  request passes; a record refused alone is dead-lettered as above, so nothing behind it waits.
+* too large, on proof (OTLP's 413, gRPC's own "message larger than max", or a refusal without a
+  reason of a request larger than any the peer accepted, :mod:`.bound`): after a backoff the
+  worker halves the bytes it puts in one request; the bound grows back after successes. A
+  record refused for its size alone is tried once more after a backoff, then dead-lettered, so
+  nothing behind it waits.
 
-A peer's requested delay (``Retry-After``, ``RetryInfo``) is believed up to
-:data:`RETRY_AFTER_CAP`, here and nowhere else: this worker is the only retry path.
+Every wait is a deadline on the peer's :class:`~.pause.Pause` (one clock, one cap of
+:data:`~.pause.RETRY_AFTER_CAP`, shared with the sink's metric exports): until it passes nothing
+is sent, for any record, a new one included; only a stop ends the wait early. This worker is the
+only retry path.
 
 The SDK's own ``BatchLogRecordProcessor`` cannot do this: it drops a batch whose export failed
 and reports nothing, which would lose exactly the record an SRE needs after an outage.
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.codec import UnreadableLine
 from scheduled_events_exporter.delivery import dead_letter as letters
+from scheduled_events_exporter.delivery.bound import GROW_AFTER, RequestBound
 from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
 from scheduled_events_exporter.delivery.outcome import (
     DeliveryError,
@@ -44,7 +51,8 @@ from scheduled_events_exporter.delivery.outcome import (
     FailureKind,
     SinkStatus,
 )
-from scheduled_events_exporter.delivery.pause import RETRY_AFTER_CAP
+from scheduled_events_exporter.delivery.pause import Pause
+from scheduled_events_exporter.delivery.rejections import Rejections
 from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.records import (
     TransitionRecord,
@@ -94,7 +102,10 @@ class DeliveryWorker:
         payload: Callable[[TransitionRecord], object] = to_columns,
         clock: Callable[[], float] = time.monotonic,
         backoff: tuple[float, float] = (BACKOFF_START, BACKOFF_CAP),
+        pause: Pause | None = None,
     ) -> None:
+        """``pause``: the peer's pause, shared with whatever else sends to it (one is made
+        when none is given)."""
         self.name = name
         #: (first, longest) wait between two attempts after a failure.
         self._backoff = backoff
@@ -104,6 +115,9 @@ class DeliveryWorker:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._clock = clock
+        self._pause = pause if pause is not None else Pause(clock)
+        self._bound = RequestBound(MAX_BATCH_BYTES)
+        self._rejections = Rejections()
         self._spool = spool
         self._dead_letter = dead_letter
         self._payload = payload
@@ -238,10 +252,14 @@ class DeliveryWorker:
         """Wait until everything submitted so far is delivered (or ``timeout`` passes)."""
         deadline = self._clock() + timeout
         with self._cond:
+            # The worker looks at its pause again (a wake-up never shortens a pause: the
+            # worker checks the deadline each time; a test clock may have moved past it).
+            self._cond.notify_all()
             target = self._seq
             while self._queue and self._queue[0].seq <= target:
                 remaining = deadline - self._clock()
-                if remaining <= 0:
+                # Nothing may go before the peer's pause ends: no use waiting past it.
+                if remaining <= 0 or self._pause.remaining() >= remaining:
                     return False
                 self._cond.wait(remaining)
             return True
@@ -280,6 +298,10 @@ class DeliveryWorker:
                 dead_lettered=self._dead_lettered,
                 config_error=self._config_error,
                 write_faults=faults,
+                rejecting=self._rejections.verdict(self._clock()),
+                request_bytes=self._bound.current,
+                max_request_bytes=self._bound.maximum,
+                paused_for=self._pause.remaining() if self._queue else 0.0,
             )
 
     def _run(self) -> None:
@@ -288,22 +310,31 @@ class DeliveryWorker:
         # While records up to this sequence number are in the queue, send them one at a time:
         # a batch containing them was rejected permanently and the culprit is not known yet.
         isolate_until = 0
-        # Bytes one request may carry: halved each time a request is refused for its size.
-        max_bytes = MAX_BATCH_BYTES
+        # A record refused for its size on its own once already: the next refusal, after a
+        # backoff, dead-letters it.
+        refused_alone: int | None = None
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
-                    if self._storage_faulty():  # idle, but a file to repair: look again soon
-                        self._cond.wait(STORAGE_RETRY)
+                while not self._stopping:
+                    if not self._queue:
+                        if self._storage_faulty():  # idle, but a file to repair: look again
+                            self._cond.wait(STORAGE_RETRY)
+                            break
+                        self._cond.wait()
+                        continue
+                    left = self._pause.remaining()
+                    if left <= 0:
                         break
-                    self._cond.wait()
+                    # A deadline: a new record (notify) does not end it, a stop does.
+                    self._cond.wait(left)
                 if self._stopping:
                     return
                 size = 1 if self._queue and self._queue[0].seq <= isolate_until else MAX_BATCH
                 batch: list[_Queued] = []
                 held = 0
                 for queued in self._queue:  # by count and by bytes: encoding copies a batch
-                    if batch and (len(batch) >= size or held + queued.size > max_bytes):
+                    if batch and (len(batch) >= size
+                                  or held + queued.size > self._bound.current):
                         break
                     batch.append(queued)
                     held += queued.size
@@ -316,7 +347,11 @@ class DeliveryWorker:
             except Exception as exc:  # any sink failure must keep the records, never kill us
                 error = exc if isinstance(exc, DeliveryError) else DeliveryError(
                     f"{type(exc).__name__}: {exc}")
-                if error.kind is FailureKind.PERMANENT:
+                kind = error.kind
+                if kind is FailureKind.EXHAUSTED:
+                    kind = (FailureKind.TOO_LARGE if self._bound.proves_size(held)
+                            else FailureKind.TRANSIENT)
+                if kind is FailureKind.PERMANENT:
                     if len(batch) > 1:
                         isolate_until = batch[-1].seq
                         log.warning("sink %s: a batch of %d records was rejected (%s); "
@@ -325,33 +360,40 @@ class DeliveryWorker:
                     else:
                         self._reject(batch[0], error)
                     continue
-                if error.kind is FailureKind.TOO_LARGE:
-                    if len(batch) > 1:
-                        max_bytes = max(1, min(max_bytes, held) // 2)
-                        log.warning("sink %s: a request of %d records (about %d bytes) was "
-                                    "refused for its size (%s); sending at most about %d bytes "
-                                    "per request from now on", self.name, len(batch), held,
-                                    error.status or error, max_bytes)
-                    else:
-                        self._reject(batch[0], error)
+                if kind is FailureKind.TOO_LARGE and len(batch) > 1:
+                    bound = self._bound.halve(held)
+                    log.warning("sink %s: a request of %d records (about %d bytes) was refused "
+                                "for its size (%s); after a pause, at most about %d bytes per "
+                                "request (growing back after %d accepted in a row)", self.name,
+                                len(batch), held, error.status or error, bound, GROW_AFTER)
+                elif kind is FailureKind.TOO_LARGE and refused_alone == batch[0].seq:
+                    refused_alone = None
+                    self._reject(batch[0], error)
                     continue
-                self._note_failure(error)
-                retry_after = min(error.retry_after or 0.0, RETRY_AFTER_CAP)
+                elif kind is FailureKind.TOO_LARGE:
+                    refused_alone = batch[0].seq
+                    log.warning("sink %s: the record of seq %d (about %d bytes) was refused "
+                                "for its size on its own (%s); trying it once more after a "
+                                "pause before it goes to the dead-letter file", self.name,
+                                batch[0].seq, held, error.status or error)
+                else:
+                    self._note_failure(error)
+                requested = error.retry_after or 0.0
                 # A failed export leaves reference cycles (exception, traceback, frames) that
                 # hold its encoded request; the cyclic GC counts objects, not bytes, so with a
                 # few huge records they would pile up for minutes. Failures are rare and slow.
                 del error, exc
                 gc.collect()
                 # Full jitter keeps a fleet that lost its collector together from retrying in
-                # lockstep; a peer that said how long to wait (Retry-After) is believed.
-                delay = max(backoff * (0.5 + random.random() / 2), retry_after)
-                with self._cond:
-                    self._cond.wait(delay)  # ends early on stop
-                    if self._stopping:
-                        return
+                # lockstep; a peer that said how long to wait is believed (capped by Pause).
+                self._pause.hold(max(backoff * (0.5 + random.random() / 2), requested))
                 backoff = min(backoff * 2, longest_wait)
                 continue
             backoff = first_wait
+            refused_alone = None
+            self._bound.accepted(held)
+            with self._cond:
+                self._rejections.delivered(len(batch), self._clock())
             last = batch[-1].seq
             failpoints.hit("after_deliver")
             self._ack(last)
@@ -421,6 +463,8 @@ class DeliveryWorker:
                   self.name, error.status or "the sink", letter.event_id or "(none)",
                   letter.transition, record.record_id, queued.size, str(error)[:300], where)
         self._count_dead_letter()
+        with self._cond:
+            self._rejections.dead_lettered(error.status or "rejected", self._clock())
         self._ack(queued.seq)
         self._done(queued.seq)
 
