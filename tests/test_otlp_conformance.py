@@ -2,8 +2,9 @@
 OTLP/HTTP and OTLP/gRPC peers on loopback (tests/peers/otlp_standin.py). Each test is a row of
 docs/otlp-conformance.md:
 
-* throttling: the delay a 429/503 ``Retry-After`` (both forms) or a gRPC ``RetryInfo`` gives is
-  waited for before the next attempt (the worker's own first backoff is at most 0.5 s, the
+* throttling: the delay a 429/503 ``Retry-After`` (delta-seconds and the three HTTP-date forms,
+  measured from the response's ``Date``) or a gRPC ``RetryInfo`` gives is waited for before
+  the next attempt (the worker's own first backoff is at most 0.5 s, the
   scripted delays 2-3 s, so the two cannot be mistaken);
 * no head-of-line blocking: a request over the peer's size limit (HTTP 413, gRPC's own
   ``RESOURCE_EXHAUSTED``) is split, a record too large alone is dead-lettered with one line, and
@@ -105,7 +106,29 @@ def readyz(env: dict[str, str]) -> tuple[int, dict[str, Any]]:
 # --- Throttling --------------------------------------------------------------------------------
 
 def http_date(seconds_ahead: float) -> str:
+    """An IMF-fixdate ``seconds_ahead`` of the local clock."""
     return email.utils.formatdate(time.time() + seconds_ahead, usegmt=True)
+
+
+def rfc850_date(seconds_ahead: float) -> str:
+    """The obsolete RFC 850 form (``Sunday, 06-Nov-94 08:49:37 GMT``), written out by hand:
+    strftime's names follow the locale."""
+    t = time.gmtime(time.time() + seconds_ahead)
+    day = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+    month = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+    return (f"{day[t.tm_wday]}, {t.tm_mday:02d}-{month[t.tm_mon - 1]}-{t.tm_year % 100:02d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+
+
+def asctime_date(seconds_ahead: float) -> str:
+    """C's asctime form (``Sun Nov  6 08:49:37 1994``, no zone: UTC)."""
+    return time.asctime(time.gmtime(time.time() + seconds_ahead))
+
+
+def skewed(form: Any, skew: float, delay: float) -> Reply:
+    """A 429 from a server whose clock is ``skew`` seconds off ours: its ``Date`` and its
+    ``Retry-After`` (``delay`` after its ``Date``) both on its own clock."""
+    return Reply(429, (("Date", http_date(skew)), ("Retry-After", form(skew + delay))))
 
 
 #: (protocol, the first answer, the least gap before the second attempt)
@@ -116,6 +139,16 @@ THROTTLES = [
                  id="http-503-http-date"),
     pytest.param("http/protobuf", lambda: Reply(429, (("Retry-After", "2"),)), 1.9,
                  id="http-429-delta-seconds"),
+    pytest.param("http/protobuf", lambda: Reply(429, (("Retry-After", asctime_date(3)),)), 1.9,
+                 id="http-429-asctime"),
+    pytest.param("http/protobuf", lambda: Reply(503, (("Retry-After", rfc850_date(3)),)), 1.9,
+                 id="http-503-rfc850"),
+    # RFC 9110 10.2.3: a date is the server's, measured from its Date. An hour behind ours:
+    # against the local clock it would be long past (no wait); an hour ahead: a 60 s wait.
+    pytest.param("http/protobuf", lambda: skewed(asctime_date, -3600, 3), 1.9,
+                 id="http-429-asctime-server-clock-an-hour-behind"),
+    pytest.param("http/protobuf", lambda: skewed(http_date, 3600, 3), 1.9,
+                 id="http-429-http-date-server-clock-an-hour-ahead"),
     pytest.param("grpc", lambda: Reply("UNAVAILABLE", retry_info=2.0), 1.9,
                  id="grpc-unavailable-retry-info"),
     pytest.param("grpc", lambda: Reply("RESOURCE_EXHAUSTED", retry_info=2.0), 1.9,

@@ -39,7 +39,6 @@ from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport
 from scheduled_events_exporter.sinks.otlp_transport import (
     MAX_RESPONSE_BYTES,
     HttpTransport,
-    retry_after,
     rpc_status,
     status_message,
 )
@@ -310,16 +309,6 @@ def status_with_retry_info(code: int, message: str, delay: float) -> bytes:
     detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
         seconds=seconds, nanos=round((delay - seconds) * 1e9))))
     return status_pb2.Status(code=code, message=message, details=[detail]).SerializeToString()
-
-
-def test_retry_after_reads_delta_seconds_and_an_http_date() -> None:
-    now = datetime.datetime(2026, 10, 21, 7, 27, 52, tzinfo=datetime.timezone.utc).timestamp()
-    assert retry_after("120", lambda: now) == 120.0
-    assert retry_after(" 2.5 ", lambda: now) == 2.5
-    assert retry_after("Wed, 21 Oct 2026 07:28:00 GMT", lambda: now) == 8.0
-    assert retry_after("Wed, 21 Oct 2026 07:27:00 GMT", lambda: now) == 0.0  # already past
-    for unreadable in ("", None, "-3", "1.5e9", "tomorrow", "Wed, 21 Oct 2026 07:28:00"):
-        assert retry_after(unreadable, lambda: now) is None, unreadable
 
 
 def test_rpc_status_reads_the_message_and_retry_info_as_googleapis_encodes_them() -> None:

@@ -205,7 +205,14 @@ class OtlpHttpStandIn(_Base):
 
             def _reply(self, status: int, data: bytes,
                        headers: tuple[tuple[str, str], ...] = ()) -> None:
-                self.send_response(status)
+                if any(key.lower() == "date" for key, _ in headers):
+                    # A scripted Date (a server whose clock differs from ours) replaces the
+                    # one send_response would add.
+                    self.log_request(status)
+                    self.send_response_only(status)
+                    self.send_header("Server", self.version_string())
+                else:
+                    self.send_response(status)
                 for key, value in headers:
                     self.send_header(key, value)
                 self.send_header("Content-Type", "application/x-protobuf")

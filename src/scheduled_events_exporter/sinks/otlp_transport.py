@@ -17,19 +17,17 @@ as a configuration error, :mod:`.otlp_errors`). A response body is read up to
 that streams more is not one. gRPC: :mod:`.grpc_channel`, imported only when a signal uses it
 (``otlp.transport_for``).
 
-Throttling: the delay a collector asks for is read here, in both forms HTTP allows for
-``Retry-After`` (delta-seconds and an HTTP-date) and from gRPC's ``google.rpc.RetryInfo``
-(:func:`rpc_status`), and handed over uncapped; the delivery worker alone caps it and waits
+Throttling: the delay a collector asks for is read here, from ``Retry-After`` in every form
+HTTP allows (:mod:`.retry_after`: delta-seconds and the three HTTP-date forms, measured from
+the response's ``Date``) and from gRPC's ``google.rpc.RetryInfo`` (:func:`rpc_status`), and
+handed over uncapped; the delivery worker alone caps it and waits
 (``delivery.RETRY_AFTER_CAP``).
 """
 
 from __future__ import annotations
 
-import email.utils
 import gzip
-import re
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +45,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.otlp_settings import OtlpTarget
+from scheduled_events_exporter.sinks.retry_after import retry_after
 
 #: Sent with every request, so a collector's log can tell us from other clients: the exporter,
 #: its version and its language, as the specification's "User Agent" section asks (RFC 9110
@@ -173,23 +172,6 @@ def rpc_status(data: bytes) -> tuple[str, float | None]:
     return str(status.message)[:200], delay
 
 
-def retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds a ``Retry-After`` header asks for: delta-seconds, or an HTTP-date (RFC 9110,
-    "Retry-After"; a date already past means now); ``None`` when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if re.fullmatch(r"\d+(\.\d+)?", value):  # delta-seconds (a fraction tolerated, as before)
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # an HTTP-date is GMT; a date without a zone is read so too
-        return None
-    return max(0.0, when.timestamp() - now())
-
-
 class HttpTransport:
     """OTLP over http/protobuf to ``target.endpoint``."""
 
@@ -244,7 +226,8 @@ class HttpTransport:
                 except Exception:  # a success whose body we cannot read is still a success
                     pass
             return Answer(True, response.status, rejected, message)
-        delay = retry_after(response.headers.get("Retry-After"))
+        delay = retry_after(response.headers.get("Retry-After"),
+                            date=response.headers.get("Date"))
         if delay is None and "protobuf" in content_type:  # a RetryInfo in the Status body
             delay = rpc_status(data)[1]
         return Answer(False, response.status, detail=status_message(data or b"", content_type),
