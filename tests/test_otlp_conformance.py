@@ -271,6 +271,56 @@ def test_a_5_mb_burst_against_a_1_mib_limit_is_delivered_in_splits(
     assert figures["split_lines"] <= 4, figures
 
 
+# --- Large answers -----------------------------------------------------------------------------
+
+def long_message(size: int) -> str:
+    """A collector's partial-success warning of about ``size`` characters (one line per dropped
+    attribute, as a verbose collector writes it)."""
+    line = "attribute azure.scheduled_event.resources exceeds the limit and was truncated; "
+    return (line * (size // len(line) + 1))[:size]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.parametrize("size", [100_000, 5_000_000], ids=["100kB", "5MB"])
+@pytest.mark.timeout(90)
+def test_an_accepted_export_is_delivered_once_whatever_the_size_of_its_answer(
+        sim: Simulator, tmp_path: Path, protocol: str, size: int) -> None:
+    # The protocol's response limit protects the client; it must not turn a request the
+    # collector accepted into a refusal. 100 kB: over the 64 KiB the exporter once read, within
+    # the 4 MiB it reads now (both protocols). 5 MB: over even that, the answer discarded
+    # unread (over gRPC, the failure is gRPC's own receive limit on our side, not a refusal).
+    # Two events a few seconds apart, the first batch holding two records.
+    text = long_message(size)
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(lambda ids: Reply(partial=(0, text))) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("L-1"), event("L-2")])
+            collector.wait_for(lambda a: len(a) >= 2, 30, "L-1 and L-2")
+            time.sleep(2)  # the scenario: the second event comes a few seconds later
+            sim.set_events([event("L-1"), event("L-2"), event("L-3")])
+            collector.wait_for(lambda a: ("L-3", "scheduled") in seen(a), 30, "L-3")
+            wait_until(lambda: answers(f"http://{env['SEE_HEALTH_ADDR']}/readyz") and
+                       readyz(env)[1]["sinks"]["otlp"]["pending"] == 0, 20,
+                       "nothing pending")
+            status = readyz(env)[1]["sinks"]["otlp"]
+            assert proc.terminate() == 0
+    assert seen(collector.accepted) == [("L-1", "scheduled"), ("L-2", "scheduled"),
+                                        ("L-3", "scheduled")]
+    assert [r.records for r in collector.log] == [2, 1], "each sent once, never split"
+    assert dead_letters(tmp_path) == [] and status["dead_lettered"] == 0, status
+    # The collector's words are shown, bounded (once per streak: both answers are alike).
+    warned = [line for line in proc.stderr_lines if "with a warning" in line]
+    assert len(warned) == 1, proc.stderr()[-3000:]
+    assert "accepted all 2 records with a warning" in warned[0]
+    assert all(len(line) < 1000 for line in proc.stderr_lines), "a long message logged whole"
+    if size > 4 * 1024 * 1024:
+        assert "larger than 4194304 bytes" in warned[0], warned[0]
+    else:
+        assert "attribute azure.scheduled_event.resources exceeds" in warned[0], warned[0]
+        assert f"{size} characters" in warned[0], warned[0]
+
+
 # --- Redirects ---------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
