@@ -475,3 +475,42 @@ def test_grpc_an_answer_over_our_receive_limit_is_an_accepted_request(
 def test_own_receive_limit_is_told_only_on_proof(details: str, request_size: int,
                                                  ours: bool) -> None:
     assert own_receive_limit(details, request_size, 4194304) is ours
+
+
+def test_http_an_error_answer_names_the_url_posted_to_without_userinfo_or_query(
+        http: Server) -> None:
+    http.replies.append((404, {}, b"404 page not found"))
+    endpoint = f"http://u:secret@127.0.0.1:{http.port}/v1/logs/v1/logs?token=t&x=1#frag"
+    answer = HttpTransport(target(endpoint)).send(REQUEST, 5)
+    assert (answer.status, answer.sent_to) == (
+        404, f"POST http://127.0.0.1:{http.port}/v1/logs/v1/logs")
+    assert http.seen[0].path == "/v1/logs/v1/logs?token=t&x=1", "sent as configured"
+
+
+def test_grpc_an_unimplemented_answer_names_the_method_and_the_target() -> None:
+    # A gRPC server without the OTLP services (another gRPC service on that port).
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        for signal, service in (("logs", "logs.v1.LogsService"),
+                                ("metrics", "metrics.v1.MetricsService")):
+            transport = GrpcTransport(OtlpTarget(signal, protocol="grpc", timeout=5.0,
+                                                 endpoint=f"http://127.0.0.1:{port}"))
+            try:
+                answer = transport.send(REQUEST, 5)
+            finally:
+                transport.close()
+            assert (answer.status, answer.sent_to) == (
+                "UNIMPLEMENTED",
+                f"/opentelemetry.proto.collector.{service}/Export at 127.0.0.1:{port}")
+    finally:
+        server.stop(0)
+    # A URL's userinfo never reaches what an error says was tried.
+    transport = GrpcTransport(OtlpTarget("logs", protocol="grpc", timeout=2.0,
+                                         endpoint=f"http://u:secret@127.0.0.1:{port}"))
+    try:
+        answer = transport.send(REQUEST, 2)
+    finally:
+        transport.close()
+    assert not answer.ok and "secret" not in answer.sent_to, answer

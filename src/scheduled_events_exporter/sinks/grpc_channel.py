@@ -141,6 +141,12 @@ class ChannelKeeper:
             self._shut()
 
 
+def _method(signal: str) -> str:
+    """The full name of the signal's ``Export`` method, as a server's log names it."""
+    service = "LogsService" if signal == "logs" else "MetricsService"
+    return f"/opentelemetry.proto.collector.{signal}.v1.{service}/Export"
+
+
 def _stub(signal: str, channel: Any) -> Callable[..., Any]:
     """The ``Export`` call of the signal's generated service stub."""
     if signal == "logs":
@@ -189,6 +195,9 @@ class GrpcTransport:
         self._channel: Any = None
         self._export: Callable[..., Any] | None = None
         self._keeper = ChannelKeeper(self._open, self._close, linger, clock)
+        # No userinfo (a URL's password) in what an error line says was tried.
+        self._sent_to = (f"{_method(target.signal)} at "
+                         f"{target.grpc_target.rpartition('@')[2]}")
 
     def _open(self) -> None:
         # An answer is bounded as over HTTP: 4 MiB, room for a collector's long partial-success
@@ -229,7 +238,8 @@ class GrpcTransport:
                 # The collector answered, and only with OK does a server send an answer: the
                 # records were taken. Resending would duplicate them.
                 return Answer(True, "OK", detail=TOO_LONG_TO_READ)
-            return Answer(False, name, detail=shown(details), retry_after=_retry_info(exc))
+            return Answer(False, name, detail=shown(details), retry_after=_retry_info(exc),
+                          sent_to=self._sent_to)
         rejected, message = partial_success(response, self._target.signal)
         return Answer(True, "OK", rejected, message)
 

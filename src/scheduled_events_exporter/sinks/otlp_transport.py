@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import certifi
 import urllib3
@@ -99,6 +99,9 @@ class Answer:
     retry_after: float | None = None
     #: Where a 3xx answer pointed (its ``Location`` header), to say in the warning.
     location: str = ""
+    #: What was tried, for an error that says it was the wrong place (404, ``UNIMPLEMENTED``):
+    #: ``POST <url>`` (no userinfo, no query), or the gRPC method and target.
+    sent_to: str = ""
 
 
 class Transport(Protocol):
@@ -197,12 +200,20 @@ def rpc_status(data: bytes) -> tuple[str, float | None]:
     return shown(str(status.message)), delay
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a log line may show it: without userinfo (a password), query or fragment
+    (a token)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 class HttpTransport:
     """OTLP over http/protobuf to ``target.endpoint``."""
 
     def __init__(self, target: OtlpTarget) -> None:
         self._target = target
         self._url = target.endpoint
+        self._sent_to = f"POST {shown_url(self._url)}"
         self._response = _response_type(target.signal)
         self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT,
                          **dict(target.headers)}
@@ -257,7 +268,8 @@ class HttpTransport:
             delay = rpc_status(data)[1]
         return Answer(False, response.status, detail=status_message(data or b"", content_type),
                       retry_after=delay,
-                      location=" ".join(response.headers.get("Location", "").split())[:200])
+                      location=" ".join(response.headers.get("Location", "").split())[:200],
+                      sent_to=self._sent_to)
 
     def close(self) -> None:
         """Close the kept-alive connection."""
