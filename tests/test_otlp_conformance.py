@@ -19,6 +19,7 @@ docs/otlp-conformance.md:
 from __future__ import annotations
 
 import email.utils
+import itertools
 import math
 import re
 import subprocess
@@ -41,6 +42,7 @@ from tests.exporter_process import (
 )
 from tests.peers.otlp_standin import (
     Accepted,
+    MetricsRequest,
     OtlpGrpcStandIn,
     OtlpHttpStandIn,
     Reply,
@@ -319,6 +321,90 @@ def test_an_accepted_export_is_delivered_once_whatever_the_size_of_its_answer(
     else:
         assert "attribute azure.scheduled_event.resources exceeds" in warned[0], warned[0]
         assert f"{size} characters" in warned[0], warned[0]
+
+
+# --- Metrics: delta counts kept ----------------------------------------------------------------
+
+TRANSITIONS = "azure.scheduled_events.transitions"
+
+
+def delta_points(requests: list[MetricsRequest], name: str) -> list[tuple[Any, int, int, int]]:
+    """(attributes, start, end, value) of every point of the delta sum ``name`` in
+    ``requests``, in arrival order."""
+    out = []
+    for sent in requests:
+        for resource in sent.request.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name != name:
+                        continue
+                    assert metric.sum.aggregation_temporality == 1, "delta"  # DELTA
+                    for point in metric.sum.data_points:
+                        attrs = tuple(sorted((a.key, a.value.string_value)
+                                             for a in point.attributes))
+                        out.append((attrs, point.start_time_unix_nano, point.time_unix_nano,
+                                    point.as_int))
+    return out
+
+
+@pytest.mark.parametrize(("protocol", "pause"), [
+    ("http/protobuf", Reply(503, (("Retry-After", "2"),))),
+    ("grpc", Reply("UNAVAILABLE", retry_info=2.0)),
+], ids=["http", "grpc"])
+@pytest.mark.timeout(90)
+def test_delta_metrics_refused_for_8_s_add_up_to_every_transition(
+        sim: Simulator, tmp_path: Path, protocol: str, pause: Reply) -> None:
+    # With delta temporality the SDK resets its sums at every collection: a batch the collector
+    # did not accept must be kept and sent later, or its counts are gone. Refused (with a
+    # 2 s pause asked for each time) for 8 s from the first metric export, while three
+    # transitions happen a few seconds apart; every export is read at a 1 s heartbeat.
+    first: list[float] = []
+
+    def metrics_answer() -> Reply | None:
+        first[:] = first or [time.monotonic()]
+        return pause if time.monotonic() - first[0] < 8 else None
+
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(metrics_answer=metrics_answer) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol,
+                       OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="1000",
+                       OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="delta")
+        with ExporterProcess(env) as proc:
+            collector.wait_metrics(lambda m: len(m) >= 1, 30, "the first metric export")
+            sim.set_events([event("D-1")])
+            collector.wait_for(lambda a: len(a) >= 1, 30, "D-1 scheduled")
+            time.sleep(2)  # the scenario: transitions a few seconds apart, inside the refusal
+            sim.set_events([event("D-1"), event("D-2")])
+            collector.wait_for(lambda a: len(a) >= 2, 30, "D-2 scheduled")
+            time.sleep(2)
+            sim.set_events([event("D-2")])
+            collector.wait_for(lambda a: len(a) >= 3, 30, "D-1 cancelled")
+            assert time.monotonic() - first[0] < 8, "the transitions came after the refusal"
+            transitions = len(collector.accepted)
+
+            def counted(requests: list[MetricsRequest]) -> int:
+                accepted = [m for m in requests if m.verdict is None]
+                return sum(v for *_, v in delta_points(accepted, TRANSITIONS))
+
+            collector.wait_metrics(lambda m: counted(m) >= transitions, 40,
+                                   f"{transitions} transitions counted in accepted exports")
+            assert proc.terminate() == 0
+    requests = collector.metrics
+    accepted = [m for m in requests if m.verdict is None]
+    assert counted(requests) == transitions == 3, delta_points(accepted, TRANSITIONS)
+    # Each point with its own window, in order: per series, no window overlaps the one before.
+    points = delta_points(accepted, TRANSITIONS)
+    for series in {attrs for attrs, *_ in points}:
+        windows = [(start, end) for attrs, start, end, _ in points if attrs == series]
+        assert all(start < end for start, end in windows), windows
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(windows)), windows
+    # No earlier than the pause asked for: nothing sent within 2 s of a refusal.
+    for before, after in itertools.pairwise(requests):
+        if before.verdict is not None:
+            assert after.arrival - before.arrival >= 1.9, (before, after)
+    # Refused: the line says the delta points are kept (true for this temporality).
+    line = next(x for x in proc.stderr_lines if "metric export failed" in x)
+    assert "delta points are kept" in line, line
 
 
 # --- Redirects ---------------------------------------------------------------------------------
