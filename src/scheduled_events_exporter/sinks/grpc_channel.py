@@ -51,8 +51,8 @@ LINGER = 5.0
 #: (``RetryInfo``): the gRPC convention, what ``grpcio-status`` reads.
 STATUS_DETAILS = "grpc-status-details-bin"
 
-#: What gRPC core says of a message over a receive limit; since grpcio 1.7x it names the side
-#: that hit it (``CLIENT``/``SERVER``), before that it did not.
+#: What gRPC core says of a message over a receive limit. Recent releases name the side that
+#: hit it (``CLIENT: ...``/``SERVER: ...``, as grpcio 1.85 does); older ones did not.
 _OVER_LIMIT = re.compile(
     r"(?:\b(CLIENT|SERVER): )?Received message larger than max \((\d+) vs\. (\d+)\)")
 
