@@ -2,8 +2,9 @@
 OTLP/HTTP and OTLP/gRPC peers on loopback (tests/peers/otlp_standin.py). Each test is a row of
 docs/otlp-conformance.md:
 
-* throttling: the delay a 429/503 ``Retry-After`` (both forms) or a gRPC ``RetryInfo`` gives is
-  waited for before the next attempt (the worker's own first backoff is at most 0.5 s, the
+* throttling: the delay a 429/503 ``Retry-After`` (delta-seconds and the three HTTP-date forms,
+  measured from the response's ``Date``) or a gRPC ``RetryInfo`` gives is waited for before
+  the next attempt (the worker's own first backoff is at most 0.5 s, the
   scripted delays 2-3 s, so the two cannot be mistaken);
 * no head-of-line blocking: a request over the peer's size limit (HTTP 413, gRPC's own
   ``RESOURCE_EXHAUSTED``) is split, a record too large alone is dead-lettered with one line, and
@@ -18,6 +19,7 @@ docs/otlp-conformance.md:
 from __future__ import annotations
 
 import email.utils
+import itertools
 import math
 import re
 import subprocess
@@ -40,6 +42,7 @@ from tests.exporter_process import (
 )
 from tests.peers.otlp_standin import (
     Accepted,
+    MetricsRequest,
     OtlpGrpcStandIn,
     OtlpHttpStandIn,
     Reply,
@@ -105,7 +108,29 @@ def readyz(env: dict[str, str]) -> tuple[int, dict[str, Any]]:
 # --- Throttling --------------------------------------------------------------------------------
 
 def http_date(seconds_ahead: float) -> str:
+    """An IMF-fixdate ``seconds_ahead`` of the local clock."""
     return email.utils.formatdate(time.time() + seconds_ahead, usegmt=True)
+
+
+def rfc850_date(seconds_ahead: float) -> str:
+    """The obsolete RFC 850 form (``Sunday, 06-Nov-94 08:49:37 GMT``), written out by hand:
+    strftime's names follow the locale."""
+    t = time.gmtime(time.time() + seconds_ahead)
+    day = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+    month = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+    return (f"{day[t.tm_wday]}, {t.tm_mday:02d}-{month[t.tm_mon - 1]}-{t.tm_year % 100:02d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+
+
+def asctime_date(seconds_ahead: float) -> str:
+    """C's asctime form (``Sun Nov  6 08:49:37 1994``, no zone: UTC)."""
+    return time.asctime(time.gmtime(time.time() + seconds_ahead))
+
+
+def skewed(form: Any, skew: float, delay: float) -> Reply:
+    """A 429 from a server whose clock is ``skew`` seconds off ours: its ``Date`` and its
+    ``Retry-After`` (``delay`` after its ``Date``) both on its own clock."""
+    return Reply(429, (("Date", http_date(skew)), ("Retry-After", form(skew + delay))))
 
 
 #: (protocol, the first answer, the least gap before the second attempt)
@@ -116,6 +141,16 @@ THROTTLES = [
                  id="http-503-http-date"),
     pytest.param("http/protobuf", lambda: Reply(429, (("Retry-After", "2"),)), 1.9,
                  id="http-429-delta-seconds"),
+    pytest.param("http/protobuf", lambda: Reply(429, (("Retry-After", asctime_date(3)),)), 1.9,
+                 id="http-429-asctime"),
+    pytest.param("http/protobuf", lambda: Reply(503, (("Retry-After", rfc850_date(3)),)), 1.9,
+                 id="http-503-rfc850"),
+    # RFC 9110 10.2.3: a date is the server's, measured from its Date. An hour behind ours:
+    # against the local clock it would be long past (no wait); an hour ahead: a 60 s wait.
+    pytest.param("http/protobuf", lambda: skewed(asctime_date, -3600, 3), 1.9,
+                 id="http-429-asctime-server-clock-an-hour-behind"),
+    pytest.param("http/protobuf", lambda: skewed(http_date, 3600, 3), 1.9,
+                 id="http-429-http-date-server-clock-an-hour-ahead"),
     pytest.param("grpc", lambda: Reply("UNAVAILABLE", retry_info=2.0), 1.9,
                  id="grpc-unavailable-retry-info"),
     pytest.param("grpc", lambda: Reply("RESOURCE_EXHAUSTED", retry_info=2.0), 1.9,
@@ -236,6 +271,140 @@ def test_a_5_mb_burst_against_a_1_mib_limit_is_delivered_in_splits(
     assert figures["largest_accepted_bytes"] <= 1024 * 1024
     # The limit is learnt once: after the first splits, requests pass at the first attempt.
     assert figures["split_lines"] <= 4, figures
+
+
+# --- Large answers -----------------------------------------------------------------------------
+
+def long_message(size: int) -> str:
+    """A collector's partial-success warning of about ``size`` characters (one line per dropped
+    attribute, as a verbose collector writes it)."""
+    line = "attribute azure.scheduled_event.resources exceeds the limit and was truncated; "
+    return (line * (size // len(line) + 1))[:size]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.parametrize("size", [100_000, 5_000_000], ids=["100kB", "5MB"])
+@pytest.mark.timeout(90)
+def test_an_accepted_export_is_delivered_once_whatever_the_size_of_its_answer(
+        sim: Simulator, tmp_path: Path, protocol: str, size: int) -> None:
+    # The protocol's response limit protects the client; it must not turn a request the
+    # collector accepted into a refusal. 100 kB: over the 64 KiB the exporter once read, within
+    # the 4 MiB it reads now (both protocols). 5 MB: over even that, the answer discarded
+    # unread (over gRPC, the failure is gRPC's own receive limit on our side, not a refusal).
+    # Two events a few seconds apart, the first batch holding two records.
+    text = long_message(size)
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(lambda ids: Reply(partial=(0, text))) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("L-1"), event("L-2")])
+            collector.wait_for(lambda a: len(a) >= 2, 30, "L-1 and L-2")
+            time.sleep(2)  # the scenario: the second event comes a few seconds later
+            sim.set_events([event("L-1"), event("L-2"), event("L-3")])
+            collector.wait_for(lambda a: ("L-3", "scheduled") in seen(a), 30, "L-3")
+            wait_until(lambda: answers(f"http://{env['SEE_HEALTH_ADDR']}/readyz") and
+                       readyz(env)[1]["sinks"]["otlp"]["pending"] == 0, 20,
+                       "nothing pending")
+            status = readyz(env)[1]["sinks"]["otlp"]
+            assert proc.terminate() == 0
+    assert seen(collector.accepted) == [("L-1", "scheduled"), ("L-2", "scheduled"),
+                                        ("L-3", "scheduled")]
+    assert [r.records for r in collector.log] == [2, 1], "each sent once, never split"
+    assert dead_letters(tmp_path) == [] and status["dead_lettered"] == 0, status
+    # The collector's words are shown, bounded (once per streak: both answers are alike).
+    warned = [line for line in proc.stderr_lines if "with a warning" in line]
+    assert len(warned) == 1, proc.stderr()[-3000:]
+    assert "accepted all 2 records with a warning" in warned[0]
+    assert all(len(line) < 1000 for line in proc.stderr_lines), "a long message logged whole"
+    if size > 4 * 1024 * 1024:
+        assert "larger than 4194304 bytes" in warned[0], warned[0]
+    else:
+        assert "attribute azure.scheduled_event.resources exceeds" in warned[0], warned[0]
+        assert f"{size} characters" in warned[0], warned[0]
+
+
+# --- Metrics: delta counts kept ----------------------------------------------------------------
+
+TRANSITIONS = "azure.scheduled_events.transitions"
+
+
+def delta_points(requests: list[MetricsRequest], name: str) -> list[tuple[Any, int, int, int]]:
+    """(attributes, start, end, value) of every point of the delta sum ``name`` in
+    ``requests``, in arrival order."""
+    out = []
+    for sent in requests:
+        for resource in sent.request.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name != name:
+                        continue
+                    assert metric.sum.aggregation_temporality == 1, "delta"  # DELTA
+                    for point in metric.sum.data_points:
+                        attrs = tuple(sorted((a.key, a.value.string_value)
+                                             for a in point.attributes))
+                        out.append((attrs, point.start_time_unix_nano, point.time_unix_nano,
+                                    point.as_int))
+    return out
+
+
+@pytest.mark.parametrize(("protocol", "pause"), [
+    ("http/protobuf", Reply(503, (("Retry-After", "2"),))),
+    ("grpc", Reply("UNAVAILABLE", retry_info=2.0)),
+], ids=["http", "grpc"])
+@pytest.mark.timeout(90)
+def test_delta_metrics_refused_for_8_s_add_up_to_every_transition(
+        sim: Simulator, tmp_path: Path, protocol: str, pause: Reply) -> None:
+    # With delta temporality the SDK resets its sums at every collection: a batch the collector
+    # did not accept must be kept and sent later, or its counts are gone. Refused (with a
+    # 2 s pause asked for each time) for 8 s from the first metric export, while three
+    # transitions happen a few seconds apart; every export is read at a 1 s heartbeat.
+    first: list[float] = []
+
+    def metrics_answer() -> Reply | None:
+        first[:] = first or [time.monotonic()]
+        return pause if time.monotonic() - first[0] < 8 else None
+
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(metrics_answer=metrics_answer) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol,
+                       OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="1000",
+                       OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="delta")
+        with ExporterProcess(env) as proc:
+            collector.wait_metrics(lambda m: len(m) >= 1, 30, "the first metric export")
+            sim.set_events([event("D-1")])
+            collector.wait_for(lambda a: len(a) >= 1, 30, "D-1 scheduled")
+            time.sleep(2)  # the scenario: transitions a few seconds apart, inside the refusal
+            sim.set_events([event("D-1"), event("D-2")])
+            collector.wait_for(lambda a: len(a) >= 2, 30, "D-2 scheduled")
+            time.sleep(2)
+            sim.set_events([event("D-2")])
+            collector.wait_for(lambda a: len(a) >= 3, 30, "D-1 cancelled")
+            assert time.monotonic() - first[0] < 8, "the transitions came after the refusal"
+            transitions = len(collector.accepted)
+
+            def counted(requests: list[MetricsRequest]) -> int:
+                accepted = [m for m in requests if m.verdict is None]
+                return sum(v for *_, v in delta_points(accepted, TRANSITIONS))
+
+            collector.wait_metrics(lambda m: counted(m) >= transitions, 40,
+                                   f"{transitions} transitions counted in accepted exports")
+            assert proc.terminate() == 0
+    requests = collector.metrics
+    accepted = [m for m in requests if m.verdict is None]
+    assert counted(requests) == transitions == 3, delta_points(accepted, TRANSITIONS)
+    # Each point with its own window, in order: per series, no window overlaps the one before.
+    points = delta_points(accepted, TRANSITIONS)
+    for series in {attrs for attrs, *_ in points}:
+        windows = [(start, end) for attrs, start, end, _ in points if attrs == series]
+        assert all(start < end for start, end in windows), windows
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(windows)), windows
+    # No earlier than the pause asked for: nothing sent within 2 s of a refusal.
+    for before, after in itertools.pairwise(requests):
+        if before.verdict is not None:
+            assert after.arrival - before.arrival >= 1.9, (before, after)
+    # Refused: the line says the delta points are kept (true for this temporality).
+    line = next(x for x in proc.stderr_lines if "metric export failed" in x)
+    assert "delta points are kept" in line, line
 
 
 # --- Redirects ---------------------------------------------------------------------------------

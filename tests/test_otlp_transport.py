@@ -35,11 +35,11 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 )
 
 from scheduled_events_exporter.otlp_settings import OtlpTarget
-from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport
+from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport, own_receive_limit
 from scheduled_events_exporter.sinks.otlp_transport import (
+    MAX_ERROR_BYTES,
     MAX_RESPONSE_BYTES,
     HttpTransport,
-    retry_after,
     rpc_status,
     status_message,
 )
@@ -231,6 +231,8 @@ class GrpcCalls:
     #: A status name to refuse with, or (name, RetryInfo delay) to send a RetryInfo too.
     replies: list[str | tuple[str, float] | None] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
+    #: The partial-success message of an accepted request.
+    message: str = "one too old"
 
 
 def grpc_serve(address: str, options: tuple[tuple[str, int], ...] = ()) -> Iterator[GrpcCalls]:
@@ -249,7 +251,7 @@ def grpc_serve(address: str, options: tuple[tuple[str, int], ...] = ()) -> Itera
             if verdict is not None:
                 context.abort(getattr(grpc.StatusCode, verdict), "told to refuse")
             return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
-                rejected_log_records=1, error_message="one too old"))
+                rejected_log_records=1, error_message=calls.message))
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=options)
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
@@ -312,16 +314,6 @@ def status_with_retry_info(code: int, message: str, delay: float) -> bytes:
     return status_pb2.Status(code=code, message=message, details=[detail]).SerializeToString()
 
 
-def test_retry_after_reads_delta_seconds_and_an_http_date() -> None:
-    now = datetime.datetime(2026, 10, 21, 7, 27, 52, tzinfo=datetime.timezone.utc).timestamp()
-    assert retry_after("120", lambda: now) == 120.0
-    assert retry_after(" 2.5 ", lambda: now) == 2.5
-    assert retry_after("Wed, 21 Oct 2026 07:28:00 GMT", lambda: now) == 8.0
-    assert retry_after("Wed, 21 Oct 2026 07:27:00 GMT", lambda: now) == 0.0  # already past
-    for unreadable in ("", None, "-3", "1.5e9", "tomorrow", "Wed, 21 Oct 2026 07:28:00"):
-        assert retry_after(unreadable, lambda: now) is None, unreadable
-
-
 def test_rpc_status_reads_the_message_and_retry_info_as_googleapis_encodes_them() -> None:
     pytest.importorskip("google.rpc.status_pb2")
     assert rpc_status(status_with_retry_info(8, "slow down", 8.25)) == ("slow down", 8.25)
@@ -349,12 +341,14 @@ def test_http_redirect_is_not_followed_and_its_location_is_kept(http: Server) ->
 
 
 def test_http_reads_a_response_body_only_up_to_the_bound(http: Server) -> None:
-    huge = b"x" * (4 * MAX_RESPONSE_BYTES)
+    huge = b"x" * (4 * MAX_ERROR_BYTES)
     http.replies.extend([(503, {"Content-Type": "text/plain"}, huge),
                          (200, {"Content-Type": "application/x-protobuf"}, partial(0, "ok"))])
     transport = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs"))
     first = transport.send(REQUEST, 5)
-    assert (first.status, first.detail) == (503, "x" * 200)
+    # An error body is read to its bound (and said to have been cut), shown in 200 characters.
+    assert (first.status, first.detail) == (
+        503, "x" * 200 + f"... ({MAX_ERROR_BYTES + 1} characters)")
     second = transport.send(REQUEST, 5)  # the connection left mid-body is not reused
     assert (second.ok, second.detail) == (True, "ok")
     transport.close()
@@ -413,5 +407,110 @@ def test_http_a_success_too_large_to_read_is_still_a_success_and_says_so(http: S
                          b"\x0a" + b"x" * (2 * MAX_RESPONSE_BYTES)))
     answer = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs")).send(REQUEST, 5)
     assert (answer.ok, answer.rejected) == (True, 0)
-    assert answer.detail == (f"the response body was larger than {MAX_RESPONSE_BYTES} bytes "
+    assert answer.detail == (f"the response was larger than {MAX_RESPONSE_BYTES} bytes "
                              "and was discarded unread")
+
+
+def long_words(size: int) -> str:
+    return ("one line per dropped attribute, as a verbose collector writes it; " * size)[:size]
+
+
+def test_http_a_long_partial_success_is_read_and_its_words_are_bounded(http: Server) -> None:
+    # 100 kB: over the 64 KiB the transport once read, within the answer bound: the count in it
+    # is read, and the message is cut for the log.
+    http.replies.append((200, {"Content-Type": "application/x-protobuf"},
+                         partial(3, long_words(100_000))))
+    answer = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs")).send(REQUEST, 5)
+    assert (answer.ok, answer.rejected) == (True, 3)
+    assert answer.detail.startswith("one line per dropped attribute")
+    assert answer.detail.endswith("... (100000 characters)") and len(answer.detail) < 300
+
+
+def test_grpc_a_long_partial_success_is_read_and_its_words_are_bounded(
+        grpc_server: GrpcCalls) -> None:
+    # 100 kB: over the 64 KiB receive limit gRPC once had here, which failed the accepted call.
+    grpc_server.message = long_words(100_000)
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}"))
+    try:
+        answer = transport.send(REQUEST, 5)
+    finally:
+        transport.close()
+    assert (answer.ok, answer.status, answer.rejected) == (True, "OK", 1)
+    assert answer.detail.endswith("... (100000 characters)") and len(answer.detail) < 300
+    assert len(grpc_server.metadata) == 1
+
+
+def test_grpc_an_answer_over_our_receive_limit_is_an_accepted_request(
+        grpc_server: GrpcCalls) -> None:
+    # Over even the 4 MiB bound: gRPC fails the call on our side with RESOURCE_EXHAUSTED after
+    # the collector answered OK. Accepted (resending would duplicate), said as a warning.
+    grpc_server.message = long_words(MAX_RESPONSE_BYTES + 1000)
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}", gzip=True))
+    try:
+        answer = transport.send(REQUEST, 5)
+        again = transport.send(REQUEST, 5)  # the channel still works
+    finally:
+        transport.close()
+    assert (answer.ok, answer.status, answer.rejected, answer.retry_after) == (
+        True, "OK", 0, None)
+    assert answer.detail == (f"the response was larger than {MAX_RESPONSE_BYTES} bytes and was "
+                             "discarded unread")
+    assert again.ok and len(grpc_server.metadata) == 2
+
+
+@pytest.mark.parametrize(("details", "request_size", "ours"), [
+    # grpcio today names the side.
+    ("Stream removed (CLIENT: Received message larger than max (5006 vs. 4194304))", 10, True),
+    ("CLIENT: Received message larger than max (5006 vs. 4194304)", 5 << 20, True),
+    ("SERVER: Received message larger than max (5006 vs. 4194304)", 10, False),
+    # Older grpcio does not: ours only if no server with our limit could have refused it.
+    ("Received message larger than max (5006 vs. 4194304)", 4194304, True),
+    ("Received message larger than max (5000000 vs. 4194304)", 5000000, False),
+    # Another limit than ours, another failure, nothing at all.
+    ("CLIENT: Received message larger than max (5006 vs. 65536)", 10, False),
+    ("Decompressed message larger than max", 10, False),
+    ("quota exceeded", 10, False),
+    ("", 10, False),
+])
+def test_own_receive_limit_is_told_only_on_proof(details: str, request_size: int,
+                                                 ours: bool) -> None:
+    assert own_receive_limit(details, request_size, 4194304) is ours
+
+
+def test_http_an_error_answer_names_the_url_posted_to_without_userinfo_or_query(
+        http: Server) -> None:
+    http.replies.append((404, {}, b"404 page not found"))
+    endpoint = f"http://u:secret@127.0.0.1:{http.port}/v1/logs/v1/logs?token=t&x=1#frag"
+    answer = HttpTransport(target(endpoint)).send(REQUEST, 5)
+    assert (answer.status, answer.sent_to) == (
+        404, f"POST http://127.0.0.1:{http.port}/v1/logs/v1/logs")
+    assert http.seen[0].path == "/v1/logs/v1/logs?token=t&x=1", "sent as configured"
+
+
+def test_grpc_an_unimplemented_answer_names_the_method_and_the_target() -> None:
+    # A gRPC server without the OTLP services (another gRPC service on that port).
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        for signal, service in (("logs", "logs.v1.LogsService"),
+                                ("metrics", "metrics.v1.MetricsService")):
+            transport = GrpcTransport(OtlpTarget(signal, protocol="grpc", timeout=5.0,
+                                                 endpoint=f"http://127.0.0.1:{port}"))
+            try:
+                answer = transport.send(REQUEST, 5)
+            finally:
+                transport.close()
+            assert (answer.status, answer.sent_to) == (
+                "UNIMPLEMENTED",
+                f"/opentelemetry.proto.collector.{service}/Export at 127.0.0.1:{port}")
+    finally:
+        server.stop(0)
+    # A URL's userinfo never reaches what an error says was tried.
+    transport = GrpcTransport(OtlpTarget("logs", protocol="grpc", timeout=2.0,
+                                         endpoint=f"http://u:secret@127.0.0.1:{port}"))
+    try:
+        answer = transport.send(REQUEST, 2)
+    finally:
+        transport.close()
+    assert not answer.ok and "secret" not in answer.sent_to, answer

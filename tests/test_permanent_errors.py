@@ -6,6 +6,7 @@
 * The same receiver answering 503 for 15 s: everything arrives afterwards, in order, each
   transition exactly once after de-duplication by ``log.record.uid``.
 * 401: a configuration error, retried (never dead-lettered) and shown by ``/readyz``.
+* 404: the error names the URL posted to (logs and metrics), never its userinfo or query.
 * Event Hubs: a message larger than the hub accepts (the real SDK against the AMQP peer) is
   dead-lettered; the others arrive.
 """
@@ -200,6 +201,39 @@ def test_401_is_a_configuration_error_retried_never_dead_lettered(
                        "the configuration error cleared")
             assert proc.terminate() == 0
     assert dead_letters(tmp_path) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_404_names_the_url_posted_to_without_userinfo_or_query(
+    sim: Simulator, tmp_path: Path
+) -> None:
+    # A signal's own endpoint given as a base URL: the signal's path is appended twice. The
+    # error says which URL was posted to (what the operator must compare with the collector),
+    # and never the userinfo or the query, where credentials hide.
+    with OtlpHttpStandIn() as collector:  # it answers 404 to any path but /v1/logs, /v1/metrics
+        port = collector.endpoint.rsplit(":", 1)[1]
+        base = f"http://otlp-user:pa55w0rd@127.0.0.1:{port}"
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
+        env.update(OTEL_EXPORTER_OTLP_LOGS_ENDPOINT=f"{base}/v1/logs/v1/logs?token=t0k3n",
+                   OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"{base}/v1/metrics/v1/metrics?token=t0k3n",
+                   OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="1000")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("U-1")])
+            for signal in ("logs", "metrics"):
+                said = f"HTTP 404 to POST http://127.0.0.1:{port}/v1/{signal}/v1/{signal} "
+                proc.wait_for(lambda said=said: said in proc.stderr(), 30, said)
+            wait_until(lambda: "/v1/logs/v1/logs" in readyz(env)[1]["sinks"]["otlp"][
+                "config_error"], 20, "/readyz naming the URL")
+            config_error = readyz(env)[1]["sinks"]["otlp"]["config_error"]
+            assert proc.terminate() == 0
+    logs = next(x for x in proc.stderr_lines if "HTTP 404" in x and "/v1/logs" in x)
+    assert "ERROR" in logs and "endpoint not found" in logs, logs
+    assert "the path repeats /v1/logs" in logs, logs
+    metrics = next(x for x in proc.stderr_lines if "HTTP 404" in x and "/v1/metrics" in x)
+    assert "metric export failed" in metrics and "the path repeats /v1/metrics" in metrics
+    assert f"POST http://127.0.0.1:{port}/v1/logs/v1/logs " in config_error
+    for text in (proc.stderr(), "\n".join(proc.stdout_lines), config_error):
+        assert "pa55w0rd" not in text and "otlp-user" not in text and "t0k3n" not in text
 
 
 @pytest.mark.timeout(120)

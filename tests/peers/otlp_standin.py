@@ -3,6 +3,10 @@
 * :class:`OtlpHttpStandIn`: OTLP/HTTP (protobuf) on ``/v1/logs`` and ``/v1/metrics``.
 * :class:`OtlpGrpcStandIn`: the OTLP ``LogsService`` and ``MetricsService`` over gRPC.
 
+Metrics requests are answered by :attr:`_Base.metrics_answer` (called as each arrives: ``None``
+accepts, a status or a :class:`Reply` refuses) and kept whole, accepted or not, in
+:attr:`_Base.metrics`.
+
 Both decode each logs request with the real OTLP protobuf classes, answer according to
 :meth:`answer` (a callable given the EventIds in the request: ``None`` accepts, an HTTP status
 or a gRPC status name refuses, a :class:`Reply` scripts more: a ``Retry-After`` or ``Location``
@@ -32,6 +36,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
@@ -54,6 +59,19 @@ class Reply:
 
 #: Given the EventIds of a request, the refusal to answer with (``None``: accept).
 Answer = Callable[[list[str]], "int | str | Reply | None"]
+#: The answer to a metrics request, made when it arrives (``None``: accept).
+MetricsAnswer = Callable[[], "int | str | Reply | None"]
+
+
+@dataclass(frozen=True)
+class MetricsRequest:
+    """One metrics request as it arrived, accepted or not."""
+
+    arrival: float
+    request: ExportMetricsServiceRequest
+    #: The answer's status (``None``: accepted), and the ``Retry-After``/``RetryInfo`` it asked.
+    verdict: int | str | None
+    retry_after: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,8 +129,12 @@ def status_details(code: int, message: str, retry_delay: float) -> bytes:
 
 
 class _Base:
-    def __init__(self, answer: Answer | None = None, max_bytes: int | None = None) -> None:
+    def __init__(self, answer: Answer | None = None, max_bytes: int | None = None,
+                 metrics_answer: MetricsAnswer | None = None) -> None:
         self.answer: Answer = answer or (lambda ids: None)
+        self.metrics_answer: MetricsAnswer = metrics_answer or (lambda: None)
+        #: Every metrics request, in arrival order.
+        self.metrics: list[MetricsRequest] = []
         self.max_bytes = max_bytes
         self._cond = threading.Condition()
         self.accepted: list[Accepted] = []
@@ -128,6 +150,28 @@ class _Base:
         reply = verdict if isinstance(verdict, Reply) else Reply(verdict)
         self._note(reply.status, len(body), records, sender)
         return reply
+
+    def _handle_metrics(self, body: bytes) -> Reply:
+        request = ExportMetricsServiceRequest()
+        request.ParseFromString(body)
+        verdict = self.metrics_answer()
+        reply = verdict if isinstance(verdict, Reply) else Reply(verdict)
+        asked = next((v for k, v in reply.headers if k.lower() == "retry-after"), "")
+        if reply.retry_info is not None:
+            asked = str(reply.retry_info)
+        with self._cond:
+            self.metrics.append(MetricsRequest(time.monotonic(), request, reply.status, asked))
+            self._cond.notify_all()
+        return reply
+
+    def wait_metrics(self, predicate: Callable[[list[MetricsRequest]], bool], timeout: float,
+                     what: str) -> list[MetricsRequest]:
+        """Wait until ``predicate(metrics requests)`` holds; fail naming ``what``."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: predicate(self.metrics), timeout):
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}; metrics "
+                                     f"requests: {[(m.arrival, m.verdict) for m in self.metrics]}")
+            return list(self.metrics)
 
     def _note(self, status: int | str | None, size: int,
               records: list[tuple[str, str, str, bytes]], sender: str = "") -> None:
@@ -169,8 +213,9 @@ class _Base:
 class OtlpHttpStandIn(_Base):
     """OTLP/HTTP receiver on 127.0.0.1 (free port); a context manager."""
 
-    def __init__(self, answer: Answer | None = None, max_bytes: int | None = None) -> None:
-        super().__init__(answer, max_bytes)
+    def __init__(self, answer: Answer | None = None, max_bytes: int | None = None,
+                 metrics_answer: MetricsAnswer | None = None) -> None:
+        super().__init__(answer, max_bytes, metrics_answer)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -199,13 +244,25 @@ class OtlpHttpStandIn(_Base):
                             rejected_log_records=rejected, error_message=message),
                     ).SerializeToString())
                 elif self.path == "/v1/metrics":
+                    reply = outer._handle_metrics(body)
+                    if reply.status is not None:
+                        self._reply(int(reply.status), b"refused by the stand-in",
+                                    reply.headers)
+                        return
                     self._reply(200, ExportMetricsServiceResponse().SerializeToString())
                 else:
                     self._reply(404, b"not found")
 
             def _reply(self, status: int, data: bytes,
                        headers: tuple[tuple[str, str], ...] = ()) -> None:
-                self.send_response(status)
+                if any(key.lower() == "date" for key, _ in headers):
+                    # A scripted Date (a server whose clock differs from ours) replaces the
+                    # one send_response would add.
+                    self.log_request(status)
+                    self.send_response_only(status)
+                    self.send_header("Server", self.version_string())
+                else:
+                    self.send_response(status)
                 for key, value in headers:
                     self.send_header(key, value)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -241,33 +298,38 @@ class OtlpGrpcStandIn(_Base):
     """OTLP/gRPC receiver on 127.0.0.1 (free port); a context manager."""
 
     def __init__(self, answer: Answer | None = None, max_bytes: int | None = None,
-                 address: str = "127.0.0.1:0") -> None:
+                 address: str = "127.0.0.1:0",
+                 metrics_answer: MetricsAnswer | None = None) -> None:
         """``address``: where to listen, a free loopback port unless a ``unix:`` path is given
         (then :attr:`endpoint` is that ``unix:`` target)."""
-        super().__init__(answer, max_bytes)
+        super().__init__(answer, max_bytes, metrics_answer)
         import grpc
         from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
         outer = self
 
+        def refuse(reply: Reply, context: Any) -> None:
+            if reply.status is not None:
+                code = getattr(grpc.StatusCode, str(reply.status))
+                if reply.retry_info is not None:
+                    context.set_trailing_metadata(((
+                        "grpc-status-details-bin",
+                        status_details(code.value[0], "refused", reply.retry_info)),))
+                context.abort(code, "refused")
+
         class Logs(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
             def Export(self, request: Any, context: Any) -> Any:
                 sender = dict(context.invocation_metadata()).get(SENDER_HEADER, "")
                 reply = outer._handle(request.SerializeToString(), sender)
-                if reply.status is not None:
-                    code = getattr(grpc.StatusCode, str(reply.status))
-                    if reply.retry_info is not None:
-                        context.set_trailing_metadata(((
-                            "grpc-status-details-bin",
-                            status_details(code.value[0], "refused", reply.retry_info)),))
-                    context.abort(code, "refused")
+                refuse(reply, context)
                 rejected, message = reply.partial or (0, "")
                 return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
                     rejected_log_records=rejected, error_message=message))
 
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
             def Export(self, request: Any, context: Any) -> Any:
+                refuse(outer._handle_metrics(request.SerializeToString()), context)
                 return ExportMetricsServiceResponse()
 
         # A size limit is gRPC's own: a larger request never reaches Export (not in the log).

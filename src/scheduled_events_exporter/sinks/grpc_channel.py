@@ -14,10 +14,18 @@ one channel. A channel that answered ``UNAVAILABLE`` is closed at once, so the n
 connects afresh instead of waiting out gRPC's own reconnection backoff (up to two minutes).
 The calls are the generated ``LogsService``/``MetricsService`` stubs of ``opentelemetry-proto``;
 each sends once, retries are the caller's (:mod:`.otlp_transport`).
+
+An answer is received up to ``otlp_transport.MAX_RESPONSE_BYTES`` (4 MiB, gRPC's own default),
+as over HTTP. A larger one makes gRPC fail the call *on our side* with ``RESOURCE_EXHAUSTED``
+after the server had answered: a unary server sends a response message only with an OK status,
+so the collector took the records. Read as a refusal, it would split and dead-letter records
+that were delivered; it counts as accepted instead (:func:`own_receive_limit` says when the
+failure is provably ours), with the answer's words discarded unread, as over HTTP.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,10 +36,12 @@ import grpc  # type: ignore[import-untyped]
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.sinks.otlp_transport import (
     MAX_RESPONSE_BYTES,
+    TOO_LONG_TO_READ,
     USER_AGENT,
     Answer,
     partial_success,
     rpc_status,
+    shown,
 )
 
 #: Seconds a channel stays open after its last export: longer than the gap between the
@@ -41,7 +51,25 @@ LINGER = 5.0
 #: (``RetryInfo``): the gRPC convention, what ``grpcio-status`` reads.
 STATUS_DETAILS = "grpc-status-details-bin"
 
+#: What gRPC core says of a message over a receive limit. Recent releases name the side that
+#: hit it (``CLIENT: ...``/``SERVER: ...``, as grpcio 1.85 does); older ones did not.
+_OVER_LIMIT = re.compile(
+    r"(?:\b(CLIENT|SERVER): )?Received message larger than max \((\d+) vs\. (\d+)\)")
+
 T = TypeVar("T")
+
+
+def own_receive_limit(details: str, request_size: int,
+                      limit: int = MAX_RESPONSE_BYTES) -> bool:
+    """Whether a ``RESOURCE_EXHAUSTED`` with these ``details`` is our own receive limit
+    (``limit``) refusing the server's answer, rather than the server refusing our request of
+    ``request_size`` bytes. Proof: gRPC's words name ``limit`` as the maximum, and either say
+    the client hit it, or the request was no larger than ``limit`` (a server whose limit is
+    the same number would have taken it). Anything else is the server's refusal."""
+    match = _OVER_LIMIT.search(details)
+    if match is None or match.group(1) == "SERVER" or int(match.group(3)) != limit:
+        return False
+    return match.group(1) == "CLIENT" or request_size <= limit
 
 
 class ChannelKeeper:
@@ -113,6 +141,12 @@ class ChannelKeeper:
             self._shut()
 
 
+def _method(signal: str) -> str:
+    """The full name of the signal's ``Export`` method, as a server's log names it."""
+    service = "LogsService" if signal == "logs" else "MetricsService"
+    return f"/opentelemetry.proto.collector.{signal}.v1.{service}/Export"
+
+
 def _stub(signal: str, channel: Any) -> Callable[..., Any]:
     """The ``Export`` call of the signal's generated service stub."""
     if signal == "logs":
@@ -161,9 +195,13 @@ class GrpcTransport:
         self._channel: Any = None
         self._export: Callable[..., Any] | None = None
         self._keeper = ChannelKeeper(self._open, self._close, linger, clock)
+        # No userinfo (a URL's password) in what an error line says was tried.
+        self._sent_to = (f"{_method(target.signal)} at "
+                         f"{target.grpc_target.rpartition('@')[2]}")
 
     def _open(self) -> None:
-        # A response is bounded as over HTTP (an OTLP response is a few hundred bytes).
+        # An answer is bounded as over HTTP: 4 MiB, room for a collector's long partial-success
+        # message (its count is worth reading), and no more than gRPC's own default.
         options = [("grpc.primary_user_agent", USER_AGENT),
                    ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)]
         if self._credentials is None:
@@ -193,10 +231,15 @@ class GrpcTransport:
             response = self._export(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             code = exc.code() if callable(getattr(exc, "code", None)) else None
-            details = exc.details() if callable(getattr(exc, "details", None)) else ""
-            return Answer(False, code.name if code is not None else None,
-                          detail=" ".join(str(details or "").split())[:200],
-                          retry_after=_retry_info(exc))
+            details = str((exc.details() if callable(getattr(exc, "details", None)) else "")
+                          or "")
+            name = code.name if code is not None else None
+            if name == "RESOURCE_EXHAUSTED" and own_receive_limit(details, request.ByteSize()):
+                # The collector answered, and only with OK does a server send an answer: the
+                # records were taken. Resending would duplicate them.
+                return Answer(True, "OK", detail=TOO_LONG_TO_READ)
+            return Answer(False, name, detail=shown(details), retry_after=_retry_info(exc),
+                          sent_to=self._sent_to)
         rejected, message = partial_success(response, self._target.signal)
         return Answer(True, "OK", rejected, message)
 

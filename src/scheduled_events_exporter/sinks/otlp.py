@@ -6,8 +6,10 @@ next batch timer) as one ``ExportLogsServiceRequest`` (:mod:`.otlp_proto`), once
 or dead-letters a record rejected for good, as the answer says (:mod:`.otlp_errors`). Metrics:
 an :class:`OnChangeMetricReader` collects through the SDK and exports at once after a poll
 that changed something, otherwise every ``OTEL_METRIC_EXPORT_INTERVAL`` (default 60 s, the
-OpenTelemetry default); a failed metric export is counted and reported, not retried (the next
-export reads the metrics again). The ``OTEL_EXPORTER_OTLP_*`` settings are :mod:`..otlp_settings`'.
+OpenTelemetry default); a failed metric export is counted and reported, not retried as is:
+the next export reads cumulative metrics and gauges again, and sends the delta points a refused
+export held first, in order (:class:`OtlpMetricExporter`). One :class:`Pause` per collector
+says when it may be asked again. The ``OTEL_EXPORTER_OTLP_*`` settings are :mod:`..otlp_settings`'.
 gRPC is imported only when a signal uses it (it costs ~15 MB, 6 threads and ~0.35 s of
 start-up), and its channels, with the gRPC core's threads, exist only around exports
 (:mod:`.grpc_channel`).
@@ -19,7 +21,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.sdk.metrics import (
     Counter,
     Histogram,
@@ -38,14 +44,26 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import Aggregation, ExponentialBucketHistogramAggregation
 
 from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.delivery.outcome import FailureCounter
-from scheduled_events_exporter.delivery.pause import RETRY_AFTER_CAP
-from scheduled_events_exporter.otlp_settings import OtlpTarget
+from scheduled_events_exporter.delivery.outcome import FailureCounter, FailureKind
+from scheduled_events_exporter.delivery.pause import Pause
+from scheduled_events_exporter.otlp_settings import OtlpTarget, grpc_scheme
 from scheduled_events_exporter.records import TransitionRecord
+from scheduled_events_exporter.sinks.metric_backlog import KeptBatch, MetricBacklog
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
-from scheduled_events_exporter.sinks.otlp_errors import describe, export_error
-from scheduled_events_exporter.sinks.otlp_proto import as_json, logs_request, metrics_request
-from scheduled_events_exporter.sinks.otlp_transport import HttpTransport, Transport
+from scheduled_events_exporter.sinks.otlp_errors import (
+    classify_grpc,
+    classify_http,
+    describe,
+    export_error,
+)
+from scheduled_events_exporter.sinks.otlp_proto import (
+    as_json,
+    data_points,
+    delta_part,
+    logs_request,
+    metrics_request,
+)
+from scheduled_events_exporter.sinks.otlp_transport import Answer, HttpTransport, Transport
 from scheduled_events_exporter.sinks.worker_sink import WorkerSink
 from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
@@ -53,6 +71,7 @@ from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 log = logging.getLogger(__name__)
 
 _DELTA, _CUMULATIVE = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 #: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, as the OpenTelemetry specification maps
 #: each preference onto the instrument kinds.
 TEMPORALITIES: dict[str, dict[type, AggregationTemporality]] = {
@@ -76,6 +95,20 @@ def histogram_aggregation(name: str) -> dict[type, Aggregation]:
     return {}
 
 
+def authority(target: OtlpTarget) -> tuple[str, str, int | None] | str:
+    """Who a signal's requests go to: (scheme, host, port) of its URL, a missing port the
+    scheme's default; a gRPC target in gRPC's own naming (``unix:``, ``dns:``) as written."""
+    if grpc_scheme(target.endpoint):
+        return target.endpoint
+    parts = urlsplit(target.endpoint if "//" in target.endpoint else f"//{target.endpoint}")
+    scheme = parts.scheme.lower() or ("http" if target.insecure else "https")
+    try:
+        port = parts.port
+    except ValueError:  # not a port: checked at start, never reached
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
+
+
 def transport_for(target: OtlpTarget) -> Transport:
     """The transport ``target``'s protocol asks for (gRPC imported only then)."""
     if target.protocol == "grpc":
@@ -87,19 +120,33 @@ def transport_for(target: OtlpTarget) -> Transport:
 
 class OtlpMetricExporter(MetricExporter):
     """The SDK's collected metrics to the collector, one request per export, never retried
-    here; failures are counted and said once per streak, with the collector's answer."""
+    within an export; failures are counted and said once per streak, with the collector's
+    answer.
+
+    What a refused export held is not lost. Cumulative points and gauges: the next export
+    (change or heartbeat) reads the totals again. Delta points (sums and histograms with delta
+    temporality, ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta``/``lowmemory``):
+    the SDK has already started them afresh, so they are kept (:mod:`.metric_backlog`, bounded)
+    with their own windows and sent in order, before anything newer, at the next export the
+    collector's pause allows; a batch refused for good (a permanent or size refusal) is dropped
+    and counted. While ``pause`` lasts (the collector asked for it, here or on the logs of the
+    same endpoint) nothing is sent.
+    """
 
     def __init__(self, target: OtlpTarget, sink: str, count_failure: FailureCounter,
                  extra: ExtraMetrics = list,
                  temporality: dict[type, AggregationTemporality] | None = None,
                  aggregation: dict[type, Aggregation] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 pause: Pause | None = None, backlog: MetricBacklog | None = None) -> None:
         super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._clock = clock
-        # Until then no export is sent: the collector asked for a pause (Retry-After,
-        # RetryInfo), capped as the delivery worker caps it. The specification: the client
-        # MUST throttle itself; metrics are read again at the next export anyway.
-        self._quiet_until = 0.0
+        # The collector's requested pause (Retry-After, RetryInfo), capped by the Pause: the
+        # specification says the client MUST throttle itself. Shared with the logs of the same
+        # endpoint, so one clock says when that collector may be asked again.
+        self._pause = pause if pause is not None else Pause(clock)
+        self._backlog = backlog if backlog is not None else MetricBacklog()
+        self._keeps_delta = any(t is _DELTA for t in (temporality or {}).values())
         self._target = target
         self._transport = transport_for(target)
         self._sink = sink
@@ -108,49 +155,148 @@ class OtlpMetricExporter(MetricExporter):
         self._failing = Streak()
         # Partial success without rejections but with a message: said once per streak.
         self._warned = Streak()
+        # Kept batches dropped at the bound, or refused for good: said once per streak.
+        self._dropping = Streak()
+        self._delivered_late = (0, 0)  # kept (batches, points) delivered since the last line
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
-        """Send once, within ``timeout_millis`` and the target's own timeout (nothing while
-        the collector's requested pause lasts)."""
-        if self._clock() < self._quiet_until:
-            self._count_failure(self._sink, "metrics", 1)
-            return MetricExportResult.FAILURE
+        """Send what was kept, oldest first, then this export, once each, within
+        ``timeout_millis`` and the target's own timeout; nothing while the collector's
+        requested pause lasts."""
+        ends = self._clock() + timeout_millis / 1000
         try:
             request = metrics_request(add_metrics(metrics_data, self._extra()))
-            answer = self._transport.send(
-                request, max(0.001, min(self._target.timeout, timeout_millis / 1000)))
+            delta = delta_part(request)
         except Exception as exc:  # an encoding bug must not kill the reader's thread
             log.error("sink %s: metric export raised %s: %s", self._sink, type(exc).__name__,
                       str(exc)[:200])
             self._count_failure(self._sink, "metrics", 1)
             return MetricExportResult.FAILURE
+        if self._pause.remaining() > 0:
+            self._keep(delta)
+            self._count_failure(self._sink, "metrics", 1)
+            return MetricExportResult.FAILURE
+        while (kept := self._backlog.first()) is not None:  # their windows come first
+            if self._clock() >= ends:  # no time left for this export: it waits its turn
+                self._keep(delta)
+                return MetricExportResult.FAILURE
+            late = ExportMetricsServiceRequest()
+            late.ParseFromString(kept.body)
+            answer = self._send(late, ends)
+            if answer.ok:
+                self._backlog.sent()
+                batches, points = self._delivered_late
+                self._delivered_late = (batches + 1, points + kept.points)
+                self._accepted(answer)
+            elif self._refused_for_good(answer):
+                self._backlog.sent()
+                self._dropped([kept], f"refused for good ({describe(answer)})")
+            else:
+                self._keep(delta)
+                return self._failed(answer)
+        answer = self._send(request, ends)
         if answer.ok:
-            if answer.rejected:
-                log.warning("sink %s: the collector dropped %d of the metric data points: %s",
-                            self._sink, answer.rejected, answer.detail or "no reason given")
-            elif answer.detail and self._warned.hit():
-                log.warning("sink %s: the collector accepted the metrics with a warning: %s",
-                            self._sink, answer.detail)
-            elif not answer.detail:
-                self._warned.clear()
+            self._accepted(answer)
             self._failing.clear()
+            self._dropping.clear()
+            if self._delivered_late[0]:
+                log.info("sink %s: the collector accepts metrics again: %d kept delta batches "
+                         "(%d data points) delivered in order", self._sink,
+                         *self._delivered_late)
+                self._delivered_late = (0, 0)
             return MetricExportResult.SUCCESS
+        if self._refused_for_good(answer):
+            batch = _kept(delta)
+            if batch is not None:
+                self._dropped([batch], f"refused for good ({describe(answer)})")
+        else:
+            self._keep(delta)
+        return self._failed(answer)
+
+    def _send(self, request: Any, ends: float) -> Answer:
+        return self._transport.send(
+            request, max(0.001, min(self._target.timeout, ends - self._clock())))
+
+    def _refused_for_good(self, answer: Answer) -> bool:
+        """A refusal that would come again for the same request (not throttling, not an
+        outage, not a configuration error)."""
+        status = answer.status
+        kind = (classify_http(status) if isinstance(status, int) or status is None
+                else classify_grpc(status, answer.retry_after is not None))
+        return kind in (FailureKind.PERMANENT, FailureKind.TOO_LARGE)
+
+    def _accepted(self, answer: Answer) -> None:
+        if answer.rejected:
+            log.warning("sink %s: the collector dropped %d of the metric data points: %s",
+                        self._sink, answer.rejected, answer.detail or "no reason given")
+        elif answer.detail and self._warned.hit():
+            log.warning("sink %s: the collector accepted the metrics with a warning: %s",
+                        self._sink, answer.detail)
+        elif not answer.detail:
+            self._warned.clear()
+
+    def _failed(self, answer: Answer) -> MetricExportResult:
         if answer.retry_after is not None:
-            self._quiet_until = self._clock() + min(answer.retry_after, RETRY_AFTER_CAP)
+            self._pause.hold(answer.retry_after)
         if self._failing.hit():
-            log.error("sink %s: metric export failed: %s (metrics are read and sent again at "
-                      "the next change or heartbeat)", self._sink, describe(answer))
+            if self._keeps_delta:
+                again = ("the delta points are kept, up to "
+                         f"{self._backlog.max_batches} exports or {self._backlog.max_bytes} "
+                         "bytes, and sent in order before anything newer once the collector "
+                         "accepts; cumulative metrics and gauges are read again at the next "
+                         "change or heartbeat")
+            else:
+                again = ("cumulative metrics and gauges are read again and sent at the next "
+                         "change or heartbeat")
+            log.error("sink %s: metric export failed: %s (%s)", self._sink, describe(answer),
+                      again)
         self._count_failure(self._sink, "metrics", 1)
         return MetricExportResult.FAILURE
 
+    def _keep(self, delta: ExportMetricsServiceRequest) -> None:
+        batch = _kept(delta)
+        if batch is None:
+            return
+        dropped = self._backlog.keep(batch)
+        if dropped:
+            self._dropped(dropped, f"over the bound of kept batches ({self._backlog.max_batches}"
+                                   f" batches or {self._backlog.max_bytes} bytes)")
+
+    def _dropped(self, batches: list[KeptBatch], why: str) -> None:
+        points = sum(batch.points for batch in batches)
+        self._count_failure(self._sink, "metrics_dropped", points)
+        if self._dropping.hit():
+            log.error("sink %s: %d delta metric batches (%d data points, %s to %s) dropped, %s: "
+                      "their counts are lost; counted in azure.scheduled_events.export.failures"
+                      "{signal=\"metrics_dropped\"} (said once until the collector accepts "
+                      "again)", self._sink, len(batches), points,
+                      _utc(min(b.start for b in batches)), _utc(max(b.end for b in batches)),
+                      why)
+
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        """Nothing is buffered here."""
+        """Nothing to flush: kept batches go at the next export, which the reader makes."""
         return True
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        """Close the connection or channel."""
+        """Close the connection or channel; say what kept batches are lost with the process."""
+        if len(self._backlog):
+            log.warning("sink %s: %d kept delta metric batches (%d data points) were not "
+                        "delivered before the stop and are lost (metrics are not spooled)",
+                        self._sink, len(self._backlog), self._backlog.points)
         self._transport.close()
+
+
+def _kept(delta: ExportMetricsServiceRequest) -> KeptBatch | None:
+    """The batch to keep of an export's delta part (``None``: it has no point)."""
+    points, start, end = data_points(delta)
+    if not points:
+        return None
+    return KeptBatch(delta.SerializeToString(), points, start, end)
+
+
+def _utc(unix_nano: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_nano / 1e9))
 
 
 class OtlpSink(WorkerSink):
@@ -161,6 +307,13 @@ class OtlpSink(WorkerSink):
     def __init__(self, config: Config, count_failure: FailureCounter) -> None:
         self._target = config.otlp_logs
         self._transport = transport_for(config.otlp_logs)
+        # One pause per collector: the two signals share one when they go to the same
+        # scheme, host and port (a collector that asks for a pause asks it of us, not of one
+        # signal), else each has its own. The delivery worker holds the logs' one.
+        self._logs_pause = Pause()
+        self._metrics_pause = (self._logs_pause
+                               if authority(config.otlp_logs) == authority(config.otlp_metrics)
+                               else Pause())
         self._partial = Streak()
         self._count = count_failure
         # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
@@ -170,7 +323,8 @@ class OtlpSink(WorkerSink):
             self._readers = (OnChangeMetricReader(
                 OtlpMetricExporter(config.otlp_metrics, self.name, count_failure,
                                    lambda: self._extra_metrics(), temporality,
-                                   histogram_aggregation(config.metrics_histogram_aggregation)),
+                                   histogram_aggregation(config.metrics_histogram_aggregation),
+                                   pause=self._metrics_pause),
                 heartbeat=config.metric_export_interval,
             ),)
         super().__init__(config, count_failure)

@@ -40,6 +40,10 @@ CONFIG_GRPC = {
     "UNIMPLEMENTED": "endpoint does not implement OTLP logs",
     "NOT_FOUND": "endpoint not found",
 }
+#: Answers that say the URL or the method was the wrong place: the error names what was tried.
+WRONG_PLACE: frozenset[int | str] = frozenset({404, 405, "NOT_FOUND", "UNIMPLEMENTED"})
+#: The paths of the two signals: one repeated means a base URL was given as a signal's own.
+_SIGNAL_PATHS = ("/v1/logs", "/v1/metrics")
 _CONFIG_HINT = ("check OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_LOGS_ENDPOINT and "
                 "OTEL_EXPORTER_OTLP_HEADERS / OTEL_EXPORTER_OTLP_LOGS_HEADERS")
 
@@ -73,6 +77,18 @@ def classify_grpc(name: str | None, retry_info: bool = False) -> FailureKind:
     return FailureKind.TRANSIENT
 
 
+def tried(answer: Answer) -> str:
+    """`` to POST <url>`` (or the gRPC method and target) for an answer that says it was the
+    wrong place, with a word on a signal path given twice; ``""`` for any other answer."""
+    if answer.status not in WRONG_PLACE or not answer.sent_to:
+        return ""
+    doubled = next((path for path in _SIGNAL_PATHS
+                    if answer.sent_to.endswith(path + path)), "")
+    hint = (f" (the path repeats {doubled}: OTEL_EXPORTER_OTLP_ENDPOINT is a base URL to which "
+            f"{doubled} is appended, a per-signal endpoint is the whole URL)" if doubled else "")
+    return f" to {answer.sent_to}{hint}"
+
+
 def export_error(answer: Answer, count: int) -> DeliveryError:
     """The :class:`DeliveryError` for a failed export of ``count`` records."""
     status = answer.status
@@ -89,8 +105,8 @@ def export_error(answer: Answer, count: int) -> DeliveryError:
         kind, shown, meaning = (classify_grpc(status, answer.retry_after is not None),
                                 f"gRPC {status}", CONFIG_GRPC.get(status))
     if kind is FailureKind.CONFIG:
-        return DeliveryError(f"OTLP collector answered {shown}: {meaning}; {_CONFIG_HINT}",
-                             kind, shown)
+        return DeliveryError(f"OTLP collector answered {shown}{tried(answer)}: {meaning}; "
+                             f"{_CONFIG_HINT}", kind, shown)
     if kind is FailureKind.PERMANENT:
         return DeliveryError(f"OTLP collector rejected the request with {shown}{said}", kind,
                              shown)
@@ -108,4 +124,5 @@ def describe(answer: Answer) -> str:
     shown = f"HTTP {answer.status}" if isinstance(answer.status, int) else f"gRPC {answer.status}"
     if answer.location:  # a redirect: where to, since it is not followed
         shown = f"{shown} to {answer.location} (redirects are not followed)"
+    shown += tried(answer)
     return f"{shown}: {answer.detail}" if answer.detail else shown

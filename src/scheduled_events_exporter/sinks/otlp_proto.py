@@ -210,3 +210,52 @@ def metrics_request(data: MetricsData) -> ExportMetricsServiceRequest:
                 metrics=[_metric(m) for m in scope_metrics.metrics],
                 schema_url=scope_metrics.schema_url or "")
     return request
+
+
+#: The kinds of metric whose points can be delta: sums and the two histograms.
+_DELTA_KINDS = ("sum", "histogram", "exponential_histogram")
+
+
+def delta_part(request: ExportMetricsServiceRequest) -> ExportMetricsServiceRequest:
+    """The metrics of ``request`` whose points are delta (sums and histograms with delta
+    temporality), with their resource and scope; empty when there are none. A delta point is
+    the only record of its window's counts (the SDK starts afresh at every collection), unlike
+    a cumulative point or a gauge, which the next collection reads again."""
+    part = ExportMetricsServiceRequest()
+    for resource_metrics in request.resource_metrics:
+        kept_resource = None
+        for scope_metrics in resource_metrics.scope_metrics:
+            delta = [m for m in scope_metrics.metrics if _is_delta(m)]
+            if not delta:
+                continue
+            if kept_resource is None:
+                kept_resource = part.resource_metrics.add(
+                    resource=resource_metrics.resource, schema_url=resource_metrics.schema_url)
+            kept_resource.scope_metrics.add(scope=scope_metrics.scope, metrics=delta,
+                                            schema_url=scope_metrics.schema_url)
+    return part
+
+
+def _is_delta(metric: pb.Metric) -> bool:
+    kind = metric.WhichOneof("data")
+    return kind in _DELTA_KINDS and getattr(metric, kind).aggregation_temporality == (
+        pb.AGGREGATION_TEMPORALITY_DELTA)
+
+
+def data_points(request: ExportMetricsServiceRequest) -> tuple[int, int, int]:
+    """(data points, earliest start, latest end) of ``request``'s metrics (times in Unix
+    nanoseconds; 0, 0 when it has no point)."""
+    count, start, end = 0, 0, 0
+    for resource_metrics in request.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                if kind is None:
+                    continue
+                for point in getattr(metric, kind).data_points:
+                    count += 1
+                    if point.start_time_unix_nano and (
+                            not start or point.start_time_unix_nano < start):
+                        start = point.start_time_unix_nano
+                    end = max(end, point.time_unix_nano)
+    return count, start, end

@@ -12,29 +12,34 @@ one keep-alive connection,
 ``..._CERTIFICATE`` names one (as the SDK's ``requests`` session does), a client certificate
 for mutual TLS, and ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` as ``requests`` reads them. No
 redirect is followed (an OTLP endpoint does not move; a 3xx is reported with its ``Location``
-as a configuration error, :mod:`.otlp_errors`). A response body is read up to
-:data:`MAX_RESPONSE_BYTES` and no further: an OTLP answer is a few hundred bytes, and a peer
-that streams more is not one. gRPC: :mod:`.grpc_channel`, imported only when a signal uses it
-(``otlp.transport_for``).
+as a configuration error, :mod:`.otlp_errors`). gRPC: :mod:`.grpc_channel`, imported only
+when a signal uses it (``otlp.transport_for``).
 
-Throttling: the delay a collector asks for is read here, in both forms HTTP allows for
-``Retry-After`` (delta-seconds and an HTTP-date) and from gRPC's ``google.rpc.RetryInfo``
-(:func:`rpc_status`), and handed over uncapped; the delivery worker alone caps it and waits
+Answers are bounded (the protocol: the client MUST limit the response size). An accepted
+request's answer is read up to :data:`MAX_RESPONSE_BYTES` (4 MiB) on both protocols: an OTLP
+response is a count and a message, a few hundred bytes, but a collector's partial-success
+message can be long (one line per dropped item), and the count in it is worth reading. Past
+the bound the answer is discarded unread and the request still counts as accepted: the status
+said so, and resending would duplicate what the collector took. An error body (HTTP) is read to
+:data:`MAX_ERROR_BYTES` only: what is shown of it is its first words. The collector's words are
+logged bounded (:func:`shown`).
+
+Throttling: the delay a collector asks for is read here, from ``Retry-After`` in every form
+HTTP allows (:mod:`.retry_after`: delta-seconds and the three HTTP-date forms, measured from
+the response's ``Date``) and from gRPC's ``google.rpc.RetryInfo`` (:func:`rpc_status`), and
+handed over uncapped; the delivery worker alone caps it and waits
 (``delivery.RETRY_AFTER_CAP``).
 """
 
 from __future__ import annotations
 
-import email.utils
 import gzip
-import re
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import certifi
 import urllib3
@@ -47,15 +52,35 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.otlp_settings import OtlpTarget
+from scheduled_events_exporter.sinks.retry_after import retry_after
 
 #: Sent with every request, so a collector's log can tell us from other clients: the exporter,
 #: its version and its language, as the specification's "User Agent" section asks (RFC 9110
 #: product tokens).
 USER_AGENT = (f"azure-scheduled-events-exporter/{__version__} "
               f"Python/{sys.version_info.major}.{sys.version_info.minor}")
-#: The most of a response body read (HTTP); the rest is not read and the connection is closed.
-#: An OTLP response or error status is a few hundred bytes.
-MAX_RESPONSE_BYTES = 64 * 1024
+#: The most of an accepted request's answer read (HTTP body; gRPC's receive limit): gRPC's own
+#: default, the size the specification suggests. Beyond it the answer is not read (HTTP: the
+#: connection is closed; gRPC: the call fails on our side) and the request counts as accepted.
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+#: The most of an error answer's body read (HTTP): only its first words are shown.
+MAX_ERROR_BYTES = 64 * 1024
+#: The most of the collector's words (partial-success message, error status) put in a log line.
+MAX_SHOWN = 200
+
+
+def shown(text: str, limit: int = MAX_SHOWN) -> str:
+    """The collector's words for a log line: whitespace collapsed, cut at ``limit`` characters
+    with a note of how long they were (a collector may write megabytes)."""
+    head = " ".join(text[:limit * 4].split())  # never the whole of a long text
+    if len(head) <= limit and len(text) <= limit * 4:
+        return head
+    return f"{head[:limit]}... ({len(text)} characters)"
+
+
+#: Said, as the collector's warning, of an accepted request whose answer was over the bound.
+TOO_LONG_TO_READ = (f"the response was larger than {MAX_RESPONSE_BYTES} bytes and was "
+                    "discarded unread")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +99,9 @@ class Answer:
     retry_after: float | None = None
     #: Where a 3xx answer pointed (its ``Location`` header), to say in the warning.
     location: str = ""
+    #: What was tried, for an error that says it was the wrong place (404, ``UNIMPLEMENTED``):
+    #: ``POST <url>`` (no userinfo, no query), or the gRPC method and target.
+    sent_to: str = ""
 
 
 class Transport(Protocol):
@@ -104,7 +132,7 @@ def partial_success(response: Any, signal: str) -> tuple[int, str]:
     """(items rejected, the collector's message) of an OTLP response."""
     partial = response.partial_success
     rejected = partial.rejected_log_records if signal == "logs" else partial.rejected_data_points
-    return int(rejected), str(partial.error_message)
+    return int(rejected), shown(str(partial.error_message))
 
 
 def status_message(body: bytes, content_type: str) -> str:
@@ -112,8 +140,7 @@ def status_message(body: bytes, content_type: str) -> str:
     (protobuf), some collectors plain text or JSON."""
     if "protobuf" in content_type:
         return rpc_status(body)[0]
-    text = body[:300].decode("utf-8", "replace")
-    return " ".join(text.split())[:200]
+    return shown(body.decode("utf-8", "replace"))
 
 
 def _rpc_classes() -> tuple[Any, Any]:
@@ -170,24 +197,14 @@ def rpc_status(data: bytes) -> tuple[str, float | None]:
                 continue
             seconds = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
             delay = seconds if seconds >= 0 else None
-    return str(status.message)[:200], delay
+    return shown(str(status.message)), delay
 
 
-def retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds a ``Retry-After`` header asks for: delta-seconds, or an HTTP-date (RFC 9110,
-    "Retry-After"; a date already past means now); ``None`` when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if re.fullmatch(r"\d+(\.\d+)?", value):  # delta-seconds (a fraction tolerated, as before)
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # an HTTP-date is GMT; a date without a zone is read so too
-        return None
-    return max(0.0, when.timestamp() - now())
+def shown_url(url: str) -> str:
+    """``url`` as a log line may show it: without userinfo (a password), query or fragment
+    (a token)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 class HttpTransport:
@@ -196,6 +213,7 @@ class HttpTransport:
     def __init__(self, target: OtlpTarget) -> None:
         self._target = target
         self._url = target.endpoint
+        self._sent_to = f"POST {shown_url(self._url)}"
         self._response = _response_type(target.signal)
         self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT,
                          **dict(target.headers)}
@@ -224,7 +242,8 @@ class HttpTransport:
             response = self._pool.request(
                 "POST", self._url, body=body, headers=self._headers, redirect=False,
                 timeout=urllib3.Timeout(total=timeout), retries=False, preload_content=False)
-            data = _read_bounded(response)
+            data = _read_bounded(response, MAX_RESPONSE_BYTES if 200 <= response.status < 300
+                                 else MAX_ERROR_BYTES)
         except urllib3.exceptions.HTTPError as exc:
             reason = getattr(exc, "reason", None) or exc
             return Answer(False, None, detail=_short(reason))
@@ -234,8 +253,7 @@ class HttpTransport:
             if len(data) > MAX_RESPONSE_BYTES:
                 # Accepted (the status says so: resending would duplicate), but the answer is
                 # not read: the specification's response limit. Said as the collector's warning.
-                message = (f"the response body was larger than {MAX_RESPONSE_BYTES} bytes and "
-                           "was discarded unread")
+                message = TOO_LONG_TO_READ
             elif data and "protobuf" in content_type:
                 answer = self._response()
                 try:
@@ -244,24 +262,25 @@ class HttpTransport:
                 except Exception:  # a success whose body we cannot read is still a success
                     pass
             return Answer(True, response.status, rejected, message)
-        delay = retry_after(response.headers.get("Retry-After"))
+        delay = retry_after(response.headers.get("Retry-After"),
+                            date=response.headers.get("Date"))
         if delay is None and "protobuf" in content_type:  # a RetryInfo in the Status body
             delay = rpc_status(data)[1]
         return Answer(False, response.status, detail=status_message(data or b"", content_type),
                       retry_after=delay,
-                      location=" ".join(response.headers.get("Location", "").split())[:200])
+                      location=" ".join(response.headers.get("Location", "").split())[:200],
+                      sent_to=self._sent_to)
 
     def close(self) -> None:
         """Close the kept-alive connection."""
         self._pool.clear()
 
 
-def _read_bounded(response: Any) -> bytes:
-    """At most :data:`MAX_RESPONSE_BYTES` + 1 bytes of the body (more than the bound: it was
-    cut); the connection is kept for the next request only when the body was read to its
-    end."""
-    data: bytes = response.read(MAX_RESPONSE_BYTES + 1)
-    if len(data) > MAX_RESPONSE_BYTES:
+def _read_bounded(response: Any, bound: int) -> bytes:
+    """At most ``bound`` + 1 bytes of the body (more than the bound: it was cut); the
+    connection is kept for the next request only when the body was read to its end."""
+    data: bytes = response.read(bound + 1)
+    if len(data) > bound:
         response.close()  # the rest is never read: this connection cannot be reused
         return data  # one byte over: the caller can tell it was cut
     response.release_conn()
