@@ -1,5 +1,5 @@
 """The delivery worker is the one place a peer's requested delay is capped and waited for
-(``pause.RETRY_AFTER_CAP``, the peer's pause): a ``Retry-After``/``RetryInfo`` beyond it is waited for as long
+(``pause.RETRY_AFTER_CAP``): a ``Retry-After``/``RetryInfo`` beyond it is waited for as long
 as the cap, then the request is tried again. The transports hand the delay over uncapped
 (tests/test_otlp_transport.py); the scripted-peer tests show the waits end to end
 (tests/test_otlp_conformance.py)."""

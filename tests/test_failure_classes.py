@@ -27,7 +27,7 @@ from scheduled_events_exporter.sinks.otlp_transport import Answer
 from scheduled_events_exporter.write_faults import describe_os_error
 
 T, C, P = FailureKind.TRANSIENT, FailureKind.CONFIG, FailureKind.PERMANENT
-L = FailureKind.TOO_LARGE
+L, E = FailureKind.TOO_LARGE, FailureKind.EXHAUSTED
 
 
 @pytest.mark.parametrize(("code", "kind"), [
@@ -55,7 +55,7 @@ def test_every_5xx_is_retried(code: int) -> None:
 
 
 @pytest.mark.parametrize(("name", "kind"), [
-    (None, T), ("UNAVAILABLE", T), ("DEADLINE_EXCEEDED", T), ("RESOURCE_EXHAUSTED", L),
+    (None, T), ("UNAVAILABLE", T), ("DEADLINE_EXCEEDED", T), ("RESOURCE_EXHAUSTED", E),
     ("INTERNAL", T), ("UNKNOWN", T), ("ABORTED", T),
     ("UNAUTHENTICATED", C), ("PERMISSION_DENIED", C), ("UNIMPLEMENTED", C), ("NOT_FOUND", C),
     ("INVALID_ARGUMENT", P), ("FAILED_PRECONDITION", P), ("ALREADY_EXISTS", P),
@@ -64,14 +64,17 @@ def test_grpc_statuses(name: str | None, kind: FailureKind) -> None:
     assert classify_grpc(name) is kind
 
 
-def test_resource_exhausted_is_retried_only_with_retry_info() -> None:
-    # OTLP specification, "Failures": RESOURCE_EXHAUSTED is retryable only if the server
-    # signals, with RetryInfo, that recovery is possible; otherwise the request is split.
+def test_resource_exhausted_is_too_large_only_on_grpcs_own_size_words() -> None:
+    # With RetryInfo: retried after it (the specification). Without: too large only when gRPC
+    # says a message was larger than a limit; anything else is "busy, or maybe too large",
+    # which the worker judges by the sizes the collector accepted (docs/otlp-conformance.md).
     assert classify_grpc("RESOURCE_EXHAUSTED", retry_info=True) is T
     assert export_error(Answer(False, "RESOURCE_EXHAUSTED", retry_after=2.0), 4).kind is T
-    split = export_error(Answer(False, "RESOURCE_EXHAUSTED", detail="message larger than max"),
-                         4)
+    split = export_error(Answer(False, "RESOURCE_EXHAUSTED", detail=(
+        "Received message larger than max (5000000 vs. 4194304)")), 4)
     assert split.kind is L and "refused a request of 4 records for its size" in str(split)
+    busy = export_error(Answer(False, "RESOURCE_EXHAUSTED", detail="memory limit exceeded"), 4)
+    assert busy.kind is E and busy.status == "gRPC RESOURCE_EXHAUSTED"
 
 
 def test_a_redirect_names_the_status_and_where_it_points() -> None:

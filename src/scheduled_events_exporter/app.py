@@ -16,12 +16,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scheduled_events_exporter.approval_worker import Approver
 from scheduled_events_exporter.boot import continuing, host_boot_id
 from scheduled_events_exporter.config import Config
+from scheduled_events_exporter.delivery import redrive
 from scheduled_events_exporter.delivery.spool import waiting_elsewhere
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
@@ -388,6 +390,10 @@ def run(config: Config, stop: threading.Event, finished: threading.Event | None 
         except OSError as exc:
             log.error("cannot start: state directory %s: %s", config.state_dir, exc)
             return 1
+    if config.state_dir is not None and not _redeliver_requested(config.state_dir):
+        assert lock is not None
+        lock.release()
+        return 1
     try:
         exporter = Exporter(config)
     except (OSError, NewerStateFile) as exc:
@@ -410,6 +416,30 @@ def run(config: Config, stop: threading.Event, finished: threading.Event | None 
         lock.release()
     log.info("stopped%s", "" if drained else " with undelivered records")
     return 0
+
+
+def _redeliver_requested(state_dir: Path) -> bool:
+    """Carry out a ``redeliver --at-next-start`` request, before any spool is read (the lock
+    is held). False when it could not be (said why): the start stops, the request stays."""
+    try:
+        done = redrive.perform_request(state_dir, datetime.now(timezone.utc))
+    except (ValueError, OSError) as exc:
+        log.error("cannot start: the redeliver request could not be carried out: %s; fix or "
+                  "delete %s", exc, state_dir / redrive.REQUEST_FILE)
+        return False
+    if done is not None:
+        chosen, applied = done
+        for item, seq in applied:
+            log.info("redelivered from the dead-letter file: %s %s EventId %s %s RecordId %s "
+                     "(spool seq %d)", item.letter.sink, item.letter.status,
+                     item.letter.event_id or "-", item.letter.transition,
+                     item.letter.record_id, seq)
+        for skip in chosen.skipped:
+            log.warning("redeliver: skipped RecordId %s of sink %s: %s",
+                        skip.letter.record_id or "-", skip.letter.sink, skip.reason)
+        log.info("redeliver request carried out: %d records put back, %d skipped",
+                 len(applied), len(chosen.skipped))
+    return True
 
 
 def lock_state_dir(config: Config, stop: threading.Event) -> dir_lock.DirectoryLock:

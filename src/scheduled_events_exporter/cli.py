@@ -1,5 +1,5 @@
 """Command line: ``run`` (default), ``check-config``, ``simulate``, ``demo``, ``probe``,
-``init-state-dir``, ``version``."""
+``init-state-dir``, ``redeliver``, ``version``."""
 
 from __future__ import annotations
 
@@ -170,6 +170,9 @@ COMMANDS = {
              "exit 0 when it answers 200 (the image's HEALTHCHECK; an exec probe)",
     "init-state-dir": "create a state directory and hand it to the image's user (65532) with "
                       "mode 0700: the DaemonSet's init step for a hostPath, no shell needed",
+    "redeliver": "put dead-lettered records back into their sink's spool, with their "
+                 "original log.record.uid, once the cause is fixed (the exporter stopped, or at "
+                 "its next start)",
     "version": "print the version",
 }
 
@@ -273,6 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from scheduled_events_exporter.demo import main as demo
 
         return demo(rest)
+    if command == "redeliver":
+        from scheduled_events_exporter.redeliver import main as redeliver
+
+        return redeliver(rest)
     helps = {"check-config": _CHECK_HELP, "version": _VERSION_HELP, "probe": _PROBE_HELP,
              "init-state-dir": _INIT_STATE_DIR_HELP}
     if rest in (["-h"], ["--help"]):

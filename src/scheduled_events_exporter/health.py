@@ -90,11 +90,14 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     statuses = list(inputs.sink_status())
     faults = list(inputs.write_faults())
     for status in statuses:
-        is_failing = status.oldest_wait > inputs.staleness_limit or bool(status.config_error)
+        is_failing = (status.oldest_wait > inputs.staleness_limit or bool(status.config_error)
+                      or bool(status.rejecting))
         if is_failing:
-            # A configuration error (a refused credential, a redirect) says what to fix.
+            # A configuration error (a refused credential, a redirect) says what to fix; a
+            # sink that dead-letters what it is given says how many and with which answer.
             failing.append(f"sink {status.name} failing" + (
-                f": {status.config_error}" if status.config_error else ""))
+                f": {status.config_error}" if status.config_error else
+                f": {status.rejecting}" if status.rejecting else ""))
         faults.extend(status.write_faults)
         sinks[status.name] = {
             "pending": status.pending,
@@ -105,6 +108,10 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
             "config_error": status.config_error,
             "dropped": status.dropped,
             "dead_lettered": status.dead_lettered,
+            "rejecting": status.rejecting,
+            "request_bytes": status.request_bytes,
+            "max_request_bytes": status.max_request_bytes,
+            "paused_seconds": round(status.paused_for, 3),
         }
     # A refused api-version will not pass by itself: not ready at once, whatever the age.
     refused = inputs.last_outcome() == Outcome.API_VERSION_REFUSED.value

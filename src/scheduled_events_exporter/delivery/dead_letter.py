@@ -6,8 +6,10 @@ moves it here and goes on. ``SEE_STATE_DIR/dead-letter.jsonl`` holds one JSON ob
 ``time`` (RFC 3339), ``sink``, ``status`` (``"400"``, ``"INVALID_ARGUMENT"``,
 ``"message_too_large"``), ``reason``, ``event_id``, ``transition``, ``record_id``, ``seq`` and
 ``payload``: the record as the sink would have sent it (the OTLP/JSON request for ``otlp``, the
-docs/semantics.md#sinks object for ``eventhubs`` and ``console``), so it can be inspected or
-replayed by hand.
+docs/semantics.md#sinks object for ``eventhubs`` and ``console``), so it can be inspected, and
+``record``: the record as the spool stores it, so that ``scheduled-events-exporter redeliver``
+(:mod:`.redrive`) can put it back into its sink's spool, with its ``log.record.uid``, once the
+cause is fixed; it then marks the line ``redelivered``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from scheduled_events_exporter.codec import encode_record
 from scheduled_events_exporter.platforms.durable import (
     append_durably,
     mend_tail,
@@ -54,21 +57,28 @@ class DeadLetter:
     record_id: str
     seq: int
     payload: object
+    #: The record as the spool stores it (codec.encode_record), so that ``redeliver`` can put
+    #: it back into its sink's spool; ``None`` for an unreadable line (its ``payload`` is that
+    #: line).
+    record: object = None
 
     def to_json(self) -> bytes:
         """One JSON line (ends with a newline)."""
+        fields: dict[str, object] = {
+            "time": self.time,
+            "sink": self.sink,
+            "status": self.status,
+            "reason": self.reason,
+            "event_id": self.event_id,
+            "transition": self.transition,
+            "record_id": self.record_id,
+            "seq": self.seq,
+            "payload": self.payload,
+        }
+        if self.record is not None:
+            fields["record"] = self.record
         return json.dumps(
-            {
-                "time": self.time,
-                "sink": self.sink,
-                "status": self.status,
-                "reason": self.reason,
-                "event_id": self.event_id,
-                "transition": self.transition,
-                "record_id": self.record_id,
-                "seq": self.seq,
-                "payload": self.payload,
-            },
+            fields,
             separators=(",", ":"),
             ensure_ascii=False,
             default=str,
@@ -88,7 +98,7 @@ def rejected(sink: str, record: TransitionRecord, status: str, reason: str,
     return DeadLetter(time=rfc3339(datetime.now(timezone.utc)), sink=sink, status=status,
                       reason=reason[:500], event_id=event.event_id if event else "",
                       transition=record.transition.kind.value, record_id=record.record_id,
-                      seq=record.seq, payload=rendered)
+                      seq=record.seq, payload=rendered, record=encode_record(record))
 
 
 def unreadable(sink: str, seq: int | None, content: object, reason: str,

@@ -313,6 +313,10 @@ class DeliveryWorker:
         # A record refused for its size on its own once already: the next refusal, after a
         # backoff, dead-letters it.
         refused_alone: int | None = None
+        # In this streak of failures the peer refused, without a reason, a request no larger
+        # than one it accepted: it is busy, and a larger request refused meanwhile (the
+        # records queued during the overload) proves nothing about size.
+        busy = False
         while True:
             with self._cond:
                 while not self._stopping:
@@ -347,10 +351,10 @@ class DeliveryWorker:
             except Exception as exc:  # any sink failure must keep the records, never kill us
                 error = exc if isinstance(exc, DeliveryError) else DeliveryError(
                     f"{type(exc).__name__}: {exc}")
-                kind = error.kind
+                kind, proven = error.kind, error.kind is FailureKind.TOO_LARGE
                 if kind is FailureKind.EXHAUSTED:
-                    kind = (FailureKind.TOO_LARGE if self._bound.proves_size(held)
-                            else FailureKind.TRANSIENT)
+                    busy = busy or not self._bound.proves_size(held)
+                    kind = FailureKind.TRANSIENT if busy else FailureKind.TOO_LARGE
                 if kind is FailureKind.PERMANENT:
                     if len(batch) > 1:
                         isolate_until = batch[-1].seq
@@ -361,11 +365,14 @@ class DeliveryWorker:
                         self._reject(batch[0], error)
                     continue
                 if kind is FailureKind.TOO_LARGE and len(batch) > 1:
-                    bound = self._bound.halve(held)
+                    bound = self._bound.halve(held, self._clock(), proven)
                     log.warning("sink %s: a request of %d records (about %d bytes) was refused "
                                 "for its size (%s); after a pause, at most about %d bytes per "
                                 "request (growing back after %d accepted in a row)", self.name,
                                 len(batch), held, error.status or error, bound, GROW_AFTER)
+                elif kind is FailureKind.TOO_LARGE and self._bound.largest_accepted >= held:
+                    # Alone, and no larger than what passed before: not its size. Busy.
+                    self._note_failure(error)
                 elif kind is FailureKind.TOO_LARGE and refused_alone == batch[0].seq:
                     refused_alone = None
                     self._reject(batch[0], error)
@@ -391,7 +398,8 @@ class DeliveryWorker:
                 continue
             backoff = first_wait
             refused_alone = None
-            self._bound.accepted(held)
+            busy = False
+            self._bound.accepted(held, self._clock())
             with self._cond:
                 self._rejections.delivered(len(batch), self._clock())
             last = batch[-1].seq

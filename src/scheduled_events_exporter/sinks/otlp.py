@@ -129,8 +129,8 @@ class OtlpMetricExporter(MetricExporter):
     the SDK has already started them afresh, so they are kept (:mod:`.metric_backlog`, bounded)
     with their own windows and sent in order, before anything newer, at the next export the
     collector's pause allows; a batch refused for good (a permanent or size refusal) is dropped
-    and counted. While ``pause`` lasts (the collector asked for it, here or on the logs of the
-    same endpoint) nothing is sent.
+    and counted. While ``pause`` lasts (the collector asked it of the metrics), or any of
+    ``also`` (the pause of the logs sent to the same collector), nothing is sent.
     """
 
     def __init__(self, target: OtlpTarget, sink: str, count_failure: FailureCounter,
@@ -138,13 +138,16 @@ class OtlpMetricExporter(MetricExporter):
                  temporality: dict[type, AggregationTemporality] | None = None,
                  aggregation: dict[type, Aggregation] | None = None,
                  clock: Callable[[], float] = time.monotonic, *,
-                 pause: Pause | None = None, backlog: MetricBacklog | None = None) -> None:
+                 pause: Pause | None = None, backlog: MetricBacklog | None = None,
+                 also: Sequence[Pause] = ()) -> None:
         super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._clock = clock
         # The collector's requested pause (Retry-After, RetryInfo), capped by the Pause: the
-        # specification says the client MUST throttle itself. Shared with the logs of the same
-        # endpoint, so one clock says when that collector may be asked again.
+        # specification says the client MUST throttle itself. Metrics also wait out the pause
+        # the collector asked of the logs (``also``), never the other way round: a metrics
+        # pipeline's refusal must not hold back a transition record.
         self._pause = pause if pause is not None else Pause(clock)
+        self._also = tuple(also)
         self._backlog = backlog if backlog is not None else MetricBacklog()
         self._keeps_delta = any(t is _DELTA for t in (temporality or {}).values())
         self._target = target
@@ -173,7 +176,7 @@ class OtlpMetricExporter(MetricExporter):
                       str(exc)[:200])
             self._count_failure(self._sink, "metrics", 1)
             return MetricExportResult.FAILURE
-        if self._pause.remaining() > 0:
+        if max(p.remaining() for p in (self._pause, *self._also)) > 0:
             self._keep(delta)
             self._count_failure(self._sink, "metrics", 1)
             return MetricExportResult.FAILURE
@@ -223,7 +226,7 @@ class OtlpMetricExporter(MetricExporter):
         outage, not a configuration error)."""
         status = answer.status
         kind = (classify_http(status) if isinstance(status, int) or status is None
-                else classify_grpc(status, answer.retry_after is not None))
+                else classify_grpc(status, answer.retry_after is not None, answer.detail))
         return kind in (FailureKind.PERMANENT, FailureKind.TOO_LARGE)
 
     def _accepted(self, answer: Answer) -> None:
@@ -307,13 +310,13 @@ class OtlpSink(WorkerSink):
     def __init__(self, config: Config, count_failure: FailureCounter) -> None:
         self._target = config.otlp_logs
         self._transport = transport_for(config.otlp_logs)
-        # One pause per collector: the two signals share one when they go to the same
-        # scheme, host and port (a collector that asks for a pause asks it of us, not of one
-        # signal), else each has its own. The delivery worker holds the logs' one.
+        # A pause per signal, each set by its own answers: the delivery worker holds the logs'
+        # one. Metric exports also wait out the logs' pause when both go to the same scheme,
+        # host and port (that collector asked us to wait); a refused metric export never holds
+        # back the transition records (docs/decisions.md, "Throttling").
         self._logs_pause = Pause()
-        self._metrics_pause = (self._logs_pause
-                               if authority(config.otlp_logs) == authority(config.otlp_metrics)
-                               else Pause())
+        self._metrics_pause = Pause()
+        same = authority(config.otlp_logs) == authority(config.otlp_metrics)
         self._partial = Streak()
         self._count = count_failure
         # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
@@ -324,10 +327,11 @@ class OtlpSink(WorkerSink):
                 OtlpMetricExporter(config.otlp_metrics, self.name, count_failure,
                                    lambda: self._extra_metrics(), temporality,
                                    histogram_aggregation(config.metrics_histogram_aggregation),
-                                   pause=self._metrics_pause),
+                                   pause=self._metrics_pause,
+                                   also=(self._logs_pause,) if same else ()),
                 heartbeat=config.metric_export_interval,
             ),)
-        super().__init__(config, count_failure)
+        super().__init__(config, count_failure, pause=self._logs_pause)
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """The on-change OTLP metric reader, unless OTEL_METRICS_EXPORTER excludes otlp."""

@@ -8,8 +8,12 @@ because they say nothing about the record. No answer at all (connection refused,
 transient. Throttling (OTLP specification, "OTLP/gRPC Throttling", "OTLP/HTTP Throttling"): a
 429 or 503 with ``Retry-After``, or any retryable gRPC status with ``RetryInfo``, is retried
 after the delay given (capped once, by the delivery worker). A request refused for its size
-(HTTP 413; gRPC ``RESOURCE_EXHAUSTED`` without ``RetryInfo``, which is also what gRPC answers to
-a message larger than the server receives) "MUST NOT be retried as is": it is split. A 3xx is a
+on proof (HTTP 413; gRPC's own "Received message larger than max", what a server's receive
+limit answers) "MUST NOT be retried as is": it is split. Any other ``RESOURCE_EXHAUSTED``
+without ``RetryInfo`` is what memory limiters and quotas answer when they are busy: it is
+``EXHAUSTED``, which the worker retries with backoff like ``UNAVAILABLE`` unless the collector
+accepted smaller requests and none this large (then it is split); the specification reads it
+as not retryable, docs/otlp-conformance.md says why we depart from that. A 3xx is a
 configuration error: the route follows no redirect, and an OTLP endpoint that moved is a wrong
 setting. docs/decisions.md ("Transient, configuration, permanent") and docs/otlp-conformance.md
 have the references.
@@ -62,18 +66,29 @@ def classify_http(code: int | None) -> FailureKind:
     return FailureKind.PERMANENT
 
 
-def classify_grpc(name: str | None, retry_info: bool = False) -> FailureKind:
-    """Transient, configuration, too large or permanent, for a gRPC status name (``None``: no
-    answer); ``retry_info``: whether the status carried ``RetryInfo``."""
+#: What gRPC says when a message is over a receive limit (the server's, refusing our request):
+#: "Received message larger than max (N vs. M)". The one RESOURCE_EXHAUSTED that proves size.
+SIZE_LIMIT_WORDS = "larger than max"
+
+
+def classify_grpc(name: str | None, retry_info: bool = False,
+                  detail: str = "") -> FailureKind:
+    """Transient, configuration, too large, exhausted or permanent, for a gRPC status name
+    (``None``: no answer); ``retry_info``: whether the status carried ``RetryInfo``;
+    ``detail``: the status message."""
     if name in CONFIG_GRPC:
         return FailureKind.CONFIG
     if name in PERMANENT_GRPC:
         return FailureKind.PERMANENT
     if name == "RESOURCE_EXHAUSTED" and not retry_info:
-        # "retryable only if the server signals that a recovery from resource exhaustion is
-        # possible" (RetryInfo); without it, most often the request is over the server's size
-        # limit: halving it is the way forward, resending it as is never is.
-        return FailureKind.TOO_LARGE
+        # The specification: "retryable only if the server signals that a recovery from
+        # resource exhaustion is possible" (RetryInfo). But collectors' memory limiters and
+        # gateways' quotas answer exactly this, without RetryInfo, for being busy, and an
+        # overload of a few seconds then dead-lettered whole bursts. Only gRPC's own size
+        # message proves size; anything else the worker judges by the sizes that passed.
+        if SIZE_LIMIT_WORDS in detail:
+            return FailureKind.TOO_LARGE
+        return FailureKind.EXHAUSTED
     return FailureKind.TRANSIENT
 
 
@@ -102,7 +117,8 @@ def export_error(answer: Answer, count: int) -> DeliveryError:
             meaning = (f"redirected to {answer.location or '(no Location)'}, and redirects are "
                        "not followed (set the endpoint to where the collector is)")
     else:
-        kind, shown, meaning = (classify_grpc(status, answer.retry_after is not None),
+        kind, shown, meaning = (classify_grpc(status, answer.retry_after is not None,
+                                              answer.detail),
                                 f"gRPC {status}", CONFIG_GRPC.get(status))
     if kind is FailureKind.CONFIG:
         return DeliveryError(f"OTLP collector answered {shown}{tried(answer)}: {meaning}; "

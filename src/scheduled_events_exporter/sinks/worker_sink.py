@@ -12,6 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter.codec import UnreadableLine
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.delivery.outcome import FailureCounter, SinkStatus
+from scheduled_events_exporter.delivery.pause import Pause
 from scheduled_events_exporter.delivery.worker import DeliveryWorker
 from scheduled_events_exporter.records import TransitionRecord, to_columns
 from scheduled_events_exporter.sinks.base import open_dead_letter, open_spool
@@ -28,7 +29,10 @@ class WorkerSink:
 
     name = ""
 
-    def __init__(self, config: Config, count_failure: FailureCounter) -> None:
+    def __init__(self, config: Config, count_failure: FailureCounter,
+                 pause: Pause | None = None) -> None:
+        """``pause``: the collector's pause, when something else sends to it too (the
+        sink's metric exporter); the worker makes its own otherwise."""
         self._resource = Resource.create({})
         self._extra_metrics: ExtraMetrics = list
         self._worker = DeliveryWorker(self.name, self._deliver, count_failure,
@@ -36,7 +40,7 @@ class WorkerSink:
                                       max_bytes=config.spool_max_bytes,
                                       spool=open_spool(config, self.name),
                                       dead_letter=open_dead_letter(config),
-                                      payload=self._payload)
+                                      payload=self._payload, pause=pause)
 
     def metric_readers(self) -> Sequence[MetricReader]:
         """No metrics unless the sink adds a reader."""

@@ -1,0 +1,274 @@
+"""The wire under real overload, with several records in flight (docs/otlp-conformance.md):
+the real exporter process against the scripted OTLP/HTTP and OTLP/gRPC peers.
+
+* a pause a collector asks for (``Retry-After`` in each form, ``RetryInfo``) is a deadline: a
+  second event queued during it sends nothing before it ends;
+* ``RESOURCE_EXHAUSTED`` without ``RetryInfo`` after an accepted request is "busy": retried
+  with backoff, nothing dead-lettered, everything delivered in order afterwards;
+* a burst during a 2 s overload is split after backoffs, and the request bound grows back;
+* a collector that refuses everything makes ``/readyz`` say the sink is failing;
+* ``redeliver`` sends what a refusing collector had dead-lettered once it is fixed, with the
+  original ``log.record.uid``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduled_events_exporter.simulator import Simulator
+from tests.exporter_process import ExporterProcess, clean_env, wait_until
+from tests.peers.otlp_standin import OtlpGrpcStandIn, OtlpHttpStandIn, Reply
+from tests.test_otlp_conformance import (
+    asctime_date,
+    dead_letters,
+    event,
+    http_date,
+    otlp_env,
+    readyz,
+    rfc850_date,
+    seen,
+)
+
+PAUSE = 8.0
+
+
+def pause_reply(form: str) -> Reply:
+    """The first answer: a pause of PAUSE seconds, in ``form``."""
+    if form == "grpc-retry-info":
+        return Reply("UNAVAILABLE", retry_info=PAUSE)
+    value = {"delta-seconds": str(int(PAUSE)), "imf-fixdate": http_date(PAUSE),
+             "rfc850": rfc850_date(PAUSE), "asctime": asctime_date(PAUSE)}[form]
+    return Reply(429, (("Retry-After", value),))
+
+
+@pytest.mark.parametrize("form", ["delta-seconds", "imf-fixdate", "rfc850", "asctime",
+                                  "grpc-retry-info"])
+@pytest.mark.timeout(90)
+def test_a_second_event_queued_during_a_pause_sends_nothing_before_its_deadline(
+        sim: Simulator, tmp_path: Path, form: str) -> None:
+    protocol = "grpc" if form.startswith("grpc") else "http/protobuf"
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    script = [lambda: pause_reply(form)]
+    with standin(lambda ids: script.pop(0)() if script else None) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("P-1")])
+            collector.wait_requests(lambda log: len(log) >= 1, 30, "the paused request")
+            refused_at = collector.log[0].arrival
+            # Two events a few seconds apart: the second is queued 3 s into the pause.
+            time.sleep(max(0.0, refused_at + 3.0 - time.monotonic()))
+            sim.set_events([event("P-1"), event("P-2")])
+            collector.wait_for(lambda a: {("P-1", "scheduled"), ("P-2", "scheduled")}
+                               <= set(seen(a)), 40, "both records after the pause")
+            assert proc.terminate() == 0
+    first, second = collector.log[0], collector.log[1]
+    assert first.verdict is not None and second.verdict is None, collector.log
+    assert second.arrival - first.arrival >= PAUSE - 0.3, (
+        f"sent {second.arrival - first.arrival:.2f} s into a {PAUSE} s pause")
+    assert [e for e, _ in seen(collector.accepted)] == ["P-1", "P-2"]
+    assert dead_letters(tmp_path) == []
+
+
+@pytest.mark.timeout(90)
+def test_resource_exhausted_without_retry_info_after_an_accepted_request_is_busy_not_too_large(
+        sim: Simulator, tmp_path: Path) -> None:
+    busy_until = [0.0]
+
+    def answer(ids: list[str]) -> Reply | None:
+        if time.monotonic() < busy_until[0]:
+            return Reply("RESOURCE_EXHAUSTED")  # a memory limiter's answer: no RetryInfo
+        return None
+
+    with OtlpGrpcStandIn(answer) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "grpc")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("E-0")])
+            collector.wait_for(lambda a: ("E-0", "scheduled") in seen(a), 30, "E-0 accepted")
+            start = time.monotonic()
+            busy_until[0] = start + 9.0
+            sim.set_events([event("E-0"), event("E-1")])
+            time.sleep(3.0)
+            sim.set_events([event("E-0"), event("E-1"), event("E-2")])
+            collector.wait_for(lambda a: {("E-1", "scheduled"), ("E-2", "scheduled")}
+                               <= set(seen(a)), 60, "E-1 and E-2 after the overload")
+            assert proc.terminate() == 0
+    assert dead_letters(tmp_path) == []
+    assert [e for e, _ in seen(collector.accepted)] == ["E-0", "E-1", "E-2"]
+    during = [r for r in collector.log if start <= r.arrival < start + 9.0]
+    assert len(during) <= 8, f"{len(during)} requests during the 9 s overload"
+    assert all(r.verdict == "RESOURCE_EXHAUSTED" for r in during)
+    assert not [line for line in proc.stderr_lines if "refused for its size" in line]
+
+
+def burst(prefix: str, count: int) -> list[dict[str, Any]]:
+    return [event(f"{prefix}-{i:03d}", padding=12_000) for i in range(count)]
+
+
+@pytest.mark.timeout(150)
+def test_a_burst_during_a_two_second_overload_recovers_the_full_request_size(
+        sim: Simulator, tmp_path: Path) -> None:
+    busy_until = [0.0]
+
+    def answer(ids: list[str]) -> Reply | None:
+        return Reply("RESOURCE_EXHAUSTED") if time.monotonic() < busy_until[0] else None
+
+    with OtlpGrpcStandIn(answer) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "grpc")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("BASE")])
+            collector.wait_for(lambda a: ("BASE", "scheduled") in seen(a), 30, "a first record")
+            first = burst("A", 100)
+            busy_until[0] = time.monotonic() + 2.0
+            sim.set_events([event("BASE"), *first])
+            collector.wait_for(lambda a: len(seen(a)) >= 101, 60, "the first burst")
+            split = len(collector.log)
+            # Another burst after the overload: whole requests again.
+            sim.set_events([event("BASE"), *first, *burst("B", 100)])
+            collector.wait_for(lambda a: len(seen(a)) >= 201, 60, "the second burst")
+            _status, body = readyz(env)
+            assert proc.terminate() == 0
+    assert dead_letters(tmp_path) == []
+    assert any(r.verdict is not None for r in collector.log[:split]), "no overload met"
+    second = [r for r in collector.log[split:] if r.verdict is None]
+    assert [r.records for r in second] == [100], [r.records for r in second]
+    sink = body["sinks"]["otlp"]
+    assert sink["request_bytes"] == sink["max_request_bytes"], sink
+    refused = [r for r in collector.log if r.verdict is not None]
+    # Every halving waited first: no two refusals closer than the shortest backoff.
+    gaps = [b.arrival - a.arrival for a, b in itertools.pairwise(refused)]
+    assert all(gap >= 0.2 for gap in gaps), gaps
+
+
+@pytest.mark.parametrize("includes", ["", "sinks"])
+@pytest.mark.timeout(90)
+def test_a_collector_that_refuses_everything_makes_the_sink_failing(
+        sim: Simulator, tmp_path: Path, includes: str) -> None:
+    with OtlpHttpStandIn(lambda ids: 400) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf",
+                       SEE_READINESS_INCLUDES=includes)
+        with ExporterProcess(env) as proc:
+            sim.set_events([event(f"R-{i}") for i in range(6)])
+            wait_until(lambda: len(dead_letters(tmp_path)) >= 6, 40, "six dead letters")
+            deadline = time.monotonic() + 60
+            while True:
+                status, body = readyz(env)
+                said = [w for w in [*body["warnings"], *body["reasons"]]
+                        if "sink otlp failing" in w]
+                if said or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert proc.terminate() == 0
+    assert said and "records were dead-lettered (HTTP 400)" in said[0], body
+    assert body["sinks"]["otlp"]["rejecting"] and body["sinks"]["otlp"]["failing"]
+    if includes:
+        assert status == 503 and said[0] in body["reasons"]
+    else:
+        assert status == 200 and said[0] in body["warnings"]
+
+
+def redeliver(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduled_events_exporter", "redeliver",
+                           *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(150)
+def test_redeliver_sends_what_a_refusing_collector_dead_lettered_once_it_is_fixed(
+        sim: Simulator, tmp_path: Path) -> None:
+    refusing = [True]
+    with OtlpHttpStandIn(lambda ids: 400 if refusing[0] else None) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
+        events = [event(f"D-{i}") for i in range(3)]
+        with ExporterProcess(env) as proc:
+            sim.set_events(events)
+            wait_until(lambda: len(dead_letters(tmp_path)) == 3, 40, "three dead letters")
+            # Beside a running exporter it says it cannot, and changes nothing.
+            busy = redeliver(env)
+            assert busy.returncode == 3, busy
+            assert "stop it" in busy.stderr and "in use by another exporter" in busy.stderr
+            assert proc.terminate() == 0
+        letters = dead_letters(tmp_path)
+        uids = [letter["record_id"] for letter in letters]
+        assert all("redelivered" not in letter for letter in letters)
+
+        listed = redeliver(env, "--dry-run")
+        assert listed.returncode == 0, listed
+        assert listed.stdout.count("would redeliver:") == 3 and all(u in listed.stdout
+                                                                    for u in uids)
+        assert dead_letters(tmp_path) == letters, "a dry run changed the file"
+
+        refusing[0] = False  # the collector is fixed
+        done = redeliver(env, "--sink", "otlp")
+        assert done.returncode == 0, done
+        print(done.stdout, done.stderr, file=sys.stderr)
+        assert done.stdout.count("redelivered:") == 3
+        assert all("redelivered" in letter for letter in dead_letters(tmp_path))
+        again = redeliver(env)
+        assert again.stdout.count("skipped:") == 3 and "already redelivered" in again.stdout
+
+        with ExporterProcess(env) as proc:
+            collector.wait_for(lambda a: len(a) >= 3, 30, "the redelivered records")
+            time.sleep(1.0)  # a few more polls: nothing else arrives
+            assert proc.terminate() == 0
+    got = [a.uid for a in collector.accepted]
+    assert sorted(got) == sorted(uids) and len(got) == 3, got
+    assert [a.event_id for a in collector.accepted] == ["D-0", "D-1", "D-2"]
+
+
+@pytest.mark.timeout(150)
+def test_redeliver_at_the_next_start_needs_no_stopped_exporter(
+        sim: Simulator, tmp_path: Path) -> None:
+    refusing = [True]
+    with OtlpHttpStandIn(lambda ids: 400 if refusing[0] else None) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("N-0"), event("N-1")])
+            wait_until(lambda: len(dead_letters(tmp_path)) == 2, 40, "two dead letters")
+            asked = redeliver(env, "--at-next-start", "--event-id", "N-1")
+            assert asked.returncode == 0, asked
+            assert "carries it out at its next start" in asked.stderr
+            refusing[0] = False
+            assert proc.terminate() == 0
+        with ExporterProcess(env) as proc:
+            collector.wait_for(lambda a: len(a) >= 1, 30, "N-1 redelivered")
+            time.sleep(1.0)
+            assert proc.terminate() == 0
+    assert [a.event_id for a in collector.accepted] == ["N-1"]
+    assert "redeliver request carried out: 1 records put back" in proc.stderr()
+    assert not (tmp_path / "state" / "redeliver-request.json").exists()
+    marked = {letter["event_id"]: "redelivered" in letter for letter in dead_letters(tmp_path)}
+    assert marked == {"N-0": False, "N-1": True}
+
+
+def test_redeliver_refuses_bad_arguments(tmp_path: Path) -> None:
+    env = clean_env(SEE_STATE_DIR=str(tmp_path))
+    for args, said in [(["--sink", "kafka"], "expected one of console, eventhubs, otlp"),
+                       (["--since", "yesterday"], "expected an RFC 3339 time"),
+                       (["--since", "2026-11-27T10:00:00"], "with a UTC offset"),
+                       (["--wait", "-1"], "expected 0 to 3600 seconds"),
+                       (["--event-id"], "without a value"),
+                       (["--dry-run", "--at-next-start"], "exclude each other"),
+                       (["--frobnicate"], "unexpected '--frobnicate'")]:
+        result = redeliver(env, *args)
+        assert result.returncode == 2 and said in result.stderr, (args, result.stderr)
+    missing = redeliver(clean_env(SEE_STATE_DIR=str(tmp_path / "absent")))
+    assert missing.returncode == 1 and "no such state directory" in missing.stderr
+
+
+def test_a_damaged_redeliver_request_stops_the_start_and_stays(
+        sim: Simulator, tmp_path: Path) -> None:
+    env = otlp_env(sim, tmp_path, "http://127.0.0.1:9", "http/protobuf")
+    request = tmp_path / "state" / "redeliver-request.json"
+    request.write_text("{not json")
+    with ExporterProcess(env) as proc:
+        proc.wait_for(lambda: proc.proc.poll() is not None, 30, "the refusal")
+    assert proc.proc.returncode == 1
+    assert "the redeliver request could not be carried out" in proc.stderr()
+    assert request.read_text() == "{not json"
+

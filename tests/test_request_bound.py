@@ -1,0 +1,77 @@
+"""The request bound and the dead-letter watch, pure (delivery/bound.py, rejections.py): when a
+refusal proves size, how the bound grows back, when a sink counts as refusing what it is given."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduled_events_exporter.delivery.bound import CEILING_MEMORY, GROW_AFTER, RequestBound
+from scheduled_events_exporter.delivery.rejections import STREAK, WINDOW, Rejections
+
+MAX = 4 * 1024 * 1024
+
+
+def test_a_refusal_without_a_reason_proves_size_only_above_what_passed() -> None:
+    bound = RequestBound(MAX)
+    assert not bound.proves_size(10_000), "nothing passed yet: busy, not too large"
+    bound.accepted(50_000, 0.0)
+    assert not bound.proves_size(50_000) and not bound.proves_size(20_000)
+    assert bound.proves_size(50_001)
+
+
+def test_an_unproven_halving_grows_back_to_the_maximum() -> None:
+    bound = RequestBound(MAX)
+    bound.halve(MAX, 0.0, proven=False)
+    bound.halve(MAX, 0.0, proven=False)
+    assert bound.current == MAX // 4
+    for step in range(10 * GROW_AFTER):
+        bound.accepted(bound.current, float(step))
+    assert bound.current == MAX
+
+
+def test_a_proven_size_keeps_the_bound_while_it_is_remembered() -> None:
+    bound = RequestBound(MAX)
+    bound.halve(1_000_000, 0.0, proven=True)
+    for step in range(20):
+        bound.accepted(bound.current, float(step))
+    assert bound.current == 500_000, "the limit was probed again"
+    for step in range(10 * GROW_AFTER):  # remembered no longer: grows back
+        bound.accepted(bound.current, CEILING_MEMORY + step)
+    assert bound.current == MAX
+
+
+@given(st.lists(st.tuples(st.sampled_from(["ok", "halve", "proven"]),
+                          st.integers(1, 2 * MAX)), max_size=60))
+def test_the_bound_stays_between_one_byte_and_its_maximum(steps: list[tuple[str, int]]) -> None:
+    bound = RequestBound(MAX)
+    for now, (what, size) in enumerate(steps):
+        if what == "ok":
+            bound.accepted(size, float(now))
+        else:
+            before = bound.current
+            after = bound.halve(size, float(now), proven=what == "proven")
+            assert after <= max(1, before // 2) or after <= max(1, size // 2)
+        assert 1 <= bound.current <= MAX
+
+
+def test_a_streak_of_dead_letters_makes_a_sink_refusing_until_a_delivery() -> None:
+    watch = Rejections()
+    for n in range(STREAK - 1):
+        watch.dead_lettered("HTTP 400", float(n))
+        assert watch.verdict(float(n)) == ""
+    watch.dead_lettered("HTTP 400", 10.0)
+    assert watch.verdict(10.0) == f"the last {STREAK} records were dead-lettered (HTTP 400)"
+    watch.delivered(20, 11.0)
+    assert watch.verdict(11.0) == ""
+
+
+def test_most_records_dead_lettered_in_the_window_is_refusing_too() -> None:
+    watch = Rejections()
+    for n in range(12):  # every other record refused, never STREAK in a row
+        if n % 3:
+            watch.dead_lettered("gRPC INVALID_ARGUMENT", float(n))
+        else:
+            watch.delivered(1, float(n))
+    assert watch.verdict(12.0).startswith("8 of the last 12 records in 10 min")
+    assert watch.verdict(12.0 + WINDOW) == "", "the window forgets"
