@@ -8,6 +8,7 @@ overlays build. Playing the rendered pods with podman: tests/test_image.py."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import tarfile
@@ -270,6 +271,17 @@ def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
      "myns.servicebus.windows.net"),
     (["--set", "otlp.enabled=true", "--set", "otlp.endpoint=collector:4318"],
      'otlp.endpoint="collector:4318": expected the collector\'s URL with its scheme'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.endpoint=http://collector:0"],
+     'otlp.endpoint="http://collector:0": port 0 is not a TCP port, expected 1 to 65535'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.endpoint=dns:///collector:4317"],
+     'otlp.endpoint="dns:///collector:4317": a gRPC target needs otlp.protocol=grpc'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+      "--set", "otlp.endpoint=ipv4:10.0.0.5"],
+     'otlp.endpoint="ipv4:10.0.0.5": expected each ipv4: address with its port'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+      "--set", "otlp.endpoint=dns:///collector:grpc"],
+     'otlp.endpoint="dns:///collector:grpc": expected the collector\'s URL with its scheme, e.g. '
+     "http://otel-collector.observability.svc:4317, or a gRPC target"),
     (["--set", "config.imdsEndpoint=169.254.169.254"],
      'config.imdsEndpoint="169.254.169.254": expected an http:// URL'),
     (["--set", "state.hostPath=var/lib/x"], 'state.hostPath="var/lib/x": expected an absolute'),
@@ -279,7 +291,9 @@ def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
 ], ids=["no credential", "two credentials", "identity incomplete", "no sink", "one port",
         "extraEnv twice", "monitor without service", "otlp metrics without otlp",
         "grace too short", "poll too fast as text", "digest not a digest",
-        "namespace not fully qualified", "endpoint without scheme", "imds endpoint bare",
+        "namespace not fully qualified", "endpoint without scheme", "endpoint port 0",
+        "grpc target over http", "ipv4 target without port", "dns target with a named port",
+        "imds endpoint bare",
         "relative host path", "interval without unit", "interval in words"])
 
 def test_the_chart_says_what_to_set(args: list[str], says: str) -> None:
@@ -435,6 +449,67 @@ def test_no_network_policy_under_host_networking_unless_asked(args: list[str],
                                                               policies: int) -> None:
     kinds = [d["kind"] for d in rendered(None, *args)]
     assert kinds.count("NetworkPolicy") == policies, kinds
+
+
+def collector_ports(protocol: str, endpoint: str) -> list[int]:
+    """The ports the rendered NetworkPolicy opens for the collector: its egress rules after
+    IMDS and DNS, which come first whatever is enabled."""
+    def egress(*args: str) -> list[dict[str, Any]]:
+        (policy,) = [d for d in rendered(None, *args) if d["kind"] == "NetworkPolicy"]
+        rules: list[dict[str, Any]] = policy["spec"]["egress"]
+        return rules
+
+    base = egress()
+    rules = egress("--set", "otlp.enabled=true", "--set", f"otlp.protocol={protocol}",
+                   "--set-json", f"otlp.endpoint={json.dumps(endpoint)}")
+    assert rules[:len(base)] == base
+    return [port["port"] for rule in rules[len(base):] for port in rule["ports"]]
+
+
+@pytest.mark.parametrize(("protocol", "endpoint", "ports"), [
+    # Digits ending a host name are no port (the policy once opened 2 and 0 here).
+    ("http/protobuf", "http://collector2", [80]),
+    ("http/protobuf", "http://otel-collector-0", [80]),
+    ("http/protobuf", "https://x", [443]),
+    ("http/protobuf", "http://x:4318", [4318]),
+    ("http/protobuf", "HTTP://collector.observability.svc:4318/", [4318]),
+    ("http/protobuf", "http://[::1]:4318", [4318]),
+    ("http/protobuf", "http://[::1]", [80]),
+    # Over gRPC the URL gives host and port; without a port gRPC's resolver uses 443, on a
+    # plaintext channel too (checked with grpcio: a channel to "127.0.0.1" connects to :443).
+    ("grpc", "http://collector2", [443]),
+    ("grpc", "https://otel-collector-0", [443]),
+    ("grpc", "http://x:4317", [4317]),
+    ("grpc", "http://[::1]:4317", [4317]),
+    # gRPC's own naming (doc/naming.md), passed to the client as written.
+    ("grpc", "dns:///collector:4317", [4317]),
+    ("grpc", "dns:collector:4317", [4317]),
+    ("grpc", "dns://10.0.0.10/collector:4317", [4317]),
+    ("grpc", "dns:///collector", [443]),
+    ("grpc", "dns:///[fd00::5]:4317", [4317]),
+    ("grpc", "ipv4:10.0.0.5:4317,10.0.0.6:4318,10.0.0.7:4317", [4317, 4318]),
+    ("grpc", "ipv6:[fd00::5]:4317", [4317]),
+    # A Unix socket is no network traffic: no rule.
+    ("grpc", "unix:///run/otel/otlp.sock", []),
+    ("grpc", "unix:otlp.sock", []),
+    ("grpc", "unix-abstract:otel", []),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_the_network_policy_opens_the_collectors_real_port(protocol: str, endpoint: str,
+                                                          ports: list[int]) -> None:
+    assert collector_ports(protocol, endpoint) == ports
+
+
+def test_no_template_calls_or_or_and_with_one_argument() -> None:
+    """``or x`` is ``x``: a lone argument is a condition someone meant to write and did not."""
+    action = re.compile(r"\{\{-?(?!\s*/\*)(.*?)-?\}\}", re.S)
+    literal = re.compile(r'"(?:[^"\\]|\\.)*"|`[^`]*`')
+    lone = re.compile(r"\b(or|and)\s+[^\s()]+\s*(\)|$)")
+    found = [f"{path.name}: {{{{{body.strip()}}}}}" for path in (CHART / "templates").iterdir()
+             for body in action.findall(path.read_text(encoding="utf-8"))
+             if lone.search(literal.sub('""', body).strip())]
+    assert not found, found
+    # The check sees the form it is for.
+    assert lone.search(literal.sub('""', ' if or .Values.eventhubs.enabled '.strip()))
 
 
 def notes(*args: str) -> str:
