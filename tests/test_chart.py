@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -512,6 +514,13 @@ def test_no_template_calls_or_or_and_with_one_argument() -> None:
     assert lone.search(literal.sub('""', ' if or .Values.eventhubs.enabled '.strip()))
 
 
+#: The chart's annotation that says no release is tagged yet (docs/releasing.md, step 3).
+NO_RELEASE = "azure-scheduled-events-exporter/no-release-yet"
+BUILD_NOTES = "No release has been tagged yet"
+#: A dated release heading of CHANGELOG.md, as docs/releasing.md's step 3 writes it.
+DATED_RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+[^\]]*)\] - \d{4}-\d{2}-\d{2}\s*$", re.M)
+
+
 def notes(*args: str) -> str:
     done = helm("install", "see", str(CHART), "--namespace", "ops", "--dry-run=client", *args)
     return str(done.stdout[done.stdout.index("NOTES:"):])
@@ -519,7 +528,8 @@ def notes(*args: str) -> str:
 
 def test_notes_say_how_to_build_the_image_until_a_release_is_tagged() -> None:
     default = notes()
-    assert "No release has been tagged yet" in default
+    if BUILD_NOTES not in default:
+        pytest.skip("a release is tagged (the chart has no annotation " + NO_RELEASE + ")")
     assert "docker push REGISTRY/scheduled-events-exporter:" in default
     assert ("--set image.registry=REGISTRY --set image.repository=scheduled-events-exporter"
             in default)
@@ -527,6 +537,55 @@ def test_notes_say_how_to_build_the_image_until_a_release_is_tagged() -> None:
                  "--set", "image.repository=scheduled-events-exporter"],
                 ["--set", "global.imageRegistry=myacr.azurecr.io"]):
         assert "No release has been tagged yet" not in notes(*own)
+
+
+def test_the_build_notes_last_only_until_changelog_dates_a_release() -> None:
+    """Once CHANGELOG.md dates a release, the image is published: NOTES that still tell every
+    default install to build and push it are false. The first release removes the chart's
+    annotation (docs/releasing.md, step 3), which is what turns them off."""
+    dated = DATED_RELEASE.findall((REPO / "CHANGELOG.md").read_text(encoding="utf-8"))
+    if dated:
+        assert BUILD_NOTES not in notes(), (
+            f"CHANGELOG.md dates release {dated[0]}, but a default install's NOTES still say "
+            f"{BUILD_NOTES!r}: remove the annotation {NO_RELEASE} from Chart.yaml")
+    else:
+        assert BUILD_NOTES in notes()
+
+
+def test_the_release_step_is_what_turns_the_build_notes_off(tmp_path: Path) -> None:
+    """The annotation decides, not the image name (which a release keeps): the chart without
+    it, as the first release leaves it, says nothing about building."""
+    chart_yaml = (CHART / "Chart.yaml").read_text(encoding="utf-8")
+    released = tmp_path / CHART.name
+    shutil.copytree(CHART, released)
+    kept = [line for line in chart_yaml.splitlines(keepends=True) if NO_RELEASE not in line]
+    assert len(kept) == len(chart_yaml.splitlines()) - 1, "the annotation is one line"
+    (released / "Chart.yaml").write_text("".join(kept), encoding="utf-8")
+    done = helm("install", "see", str(released), "--namespace", "ops", "--dry-run=client")
+    assert BUILD_NOTES not in done.stdout
+    assert "ghcr.io/azure-scheduled-events-exporter/" in done.stdout  # the same default image
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the workflow's check uses tomllib")
+@pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "released"])
+def test_the_release_workflow_refuses_a_tag_while_the_chart_says_no_release(
+        annotated: bool, tmp_path: Path) -> None:
+    """The release workflow's own check, run as written on a copy of the files it reads."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
+    (step,) = [s for s in workflow["jobs"]["check"]["steps"] if s.get("id") == "version"]
+    script = step["run"].split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    for name in ("src/scheduled_events_exporter/__init__.py", "pyproject.toml",
+                 "charts/azure-scheduled-events-exporter/Chart.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        text = (REPO / name).read_text(encoding="utf-8")
+        if not annotated:
+            text = "".join(line for line in text.splitlines(keepends=True)
+                           if NO_RELEASE not in line)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-", __version__], input=script, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == (1 if annotated else 0), done.stdout + done.stderr
+    assert (NO_RELEASE in done.stdout) == annotated, done.stdout
 
 
 def test_notes_give_the_subject_of_the_federated_credential() -> None:
@@ -718,11 +777,12 @@ def test_sidecar_examples_never_gate_the_application() -> None:
 
 def test_the_schema_refuses_a_surge_two_exporters_would_share_a_directory_in() -> None:
     for surge in ("1", "10%"):
-        done = helm("template", "x", str(CHART), "--set-string",
+        done = helm("template", "x", str(CHART), "--set",
                     f"updateStrategy.rollingUpdate.maxSurge={surge}", check=False)
         assert done.returncode != 0
-        assert (f"updateStrategy.rollingUpdate.maxSurge={surge}: expected 0. One exporter per "
-                "state directory") in done.stderr, done.stderr
+        assert (f"updateStrategy.rollingUpdate.maxSurge={surge}: expected 0 with "
+                "state.type=hostPath. One exporter per state directory") in done.stderr, \
+            done.stderr
     misplaced = helm("template", "x", str(CHART), "--set", "updateStrategy.maxSurge=1",
                      check=False)
     assert misplaced.returncode != 0 and "maxSurge" in misplaced.stderr
@@ -731,6 +791,23 @@ def test_the_schema_refuses_a_surge_two_exporters_would_share_a_directory_in() -
     assert on_delete["spec"]["updateStrategy"] == {"type": "OnDelete"}
     (daemonset,) = [d for d in rendered(None) if d["kind"] == "DaemonSet"]
     assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+@pytest.mark.parametrize("surge", [1, "25%"])
+def test_an_emptydir_install_may_surge_unless_it_holds_node_ports(surge: int | str) -> None:
+    """With state.type=emptyDir no directory is shared: the new pod can watch beside the old
+    one until it is ready. Under host networking the node's ports are shared instead."""
+    args = ["--set", "state.type=emptyDir", "--set-json",
+            f"updateStrategy.rollingUpdate.maxSurge={json.dumps(surge)}"]
+    (daemonset,) = [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == surge
+    kubernetes_validate.validate(daemonset, KUBE_VERSION, strict=True)  # raises when invalid
+    held = helm("template", "x", str(CHART), *args, "--set", "hostNetwork=true",
+                "--set", "ports.health=18080", "--set", "ports.metrics=19464", check=False)
+    assert held.returncode != 0
+    assert (f"updateStrategy.rollingUpdate.maxSurge={surge}: expected 0 with hostNetwork=true. "
+            "A surged pod needs the node ports its predecessor holds (health 18080, metrics "
+            "19464)") in held.stderr, held.stderr
 
 
 def state_of(docs: list[dict[str, Any]]) -> tuple[Any, ...]:

@@ -104,9 +104,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Checks the values cannot express in values.schema.json, with a line that says what to set. */}}
 {{- define "see.validate" -}}
+{{- /* A surge runs the new pod beside the old one on each node: refused where the two would
+     share something only one can hold (docs/kubernetes.md, "Upgrades and rollbacks"). */}}
 {{- with .Values.updateStrategy.rollingUpdate }}
 {{- if and (hasKey . "maxSurge") (not (has (toString .maxSurge) (list "0" "0%"))) }}
-{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0. One exporter per state directory: a surged pod would find the directory held by the pod it replaces, wait for it, and exit with code 3 (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge) }}
+{{- if ne $.Values.state.type "emptyDir" }}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0 with state.type=%s. One exporter per state directory: a surged pod would find the node's directory held by the pod it replaces, wait for it, and exit with code 3; with state.type=emptyDir each pod has its own and a surge is allowed (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge $.Values.state.type) }}
+{{- else if $.Values.hostNetwork }}
+{{- $held := printf "health %v" $.Values.ports.health }}
+{{- if $.Values.prometheus.enabled }}{{ $held = printf "%s, metrics %v" $held $.Values.ports.metrics }}{{ end }}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0 with hostNetwork=true. A surged pod needs the node ports its predecessor holds (%s): it cannot be scheduled beside it, and the rollout stops (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge $held) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $eh := .Values.eventhubs }}
