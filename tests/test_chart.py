@@ -630,6 +630,20 @@ def test_notes_say_when_the_otlp_port_is_the_other_protocols(protocol: str, port
     assert "--enable-imds-restriction" not in host and "Host network: on" in host
 
 
+@pytest.mark.parametrize(("endpoint", "says"), [
+    ("http://collector.obs.svc", "it gives no port, and gRPC then connects to 443"),
+    ("dns:///collector.obs.svc:4317", "passed to gRPC as written, with TLS unless extraEnv sets"),
+    ("unix:///run/otel/otlp.sock", "A Unix socket: mount the collector's socket directory"),
+])
+def test_notes_say_what_a_grpc_endpoint_implies(endpoint: str, says: str) -> None:
+    said = notes("--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+                 "--set", f"otlp.endpoint={endpoint}")
+    assert says in said
+    plain = notes("--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+                  "--set", "otlp.endpoint=http://collector.obs.svc:4317")
+    assert says not in plain
+
+
 # --- checkov ------------------------------------------------------------------------------
 
 def write_renders(directory: Path) -> None:
