@@ -8,7 +8,10 @@ overlays build. Playing the rendered pods with podman: tests/test_image.py."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -270,6 +273,17 @@ def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
      "myns.servicebus.windows.net"),
     (["--set", "otlp.enabled=true", "--set", "otlp.endpoint=collector:4318"],
      'otlp.endpoint="collector:4318": expected the collector\'s URL with its scheme'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.endpoint=http://collector:0"],
+     'otlp.endpoint="http://collector:0": port 0 is not a TCP port, expected 1 to 65535'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.endpoint=dns:///collector:4317"],
+     'otlp.endpoint="dns:///collector:4317": a gRPC target needs otlp.protocol=grpc'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+      "--set", "otlp.endpoint=ipv4:10.0.0.5"],
+     'otlp.endpoint="ipv4:10.0.0.5": expected each ipv4: address with its port'),
+    (["--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+      "--set", "otlp.endpoint=dns:///collector:grpc"],
+     'otlp.endpoint="dns:///collector:grpc": expected the collector\'s URL with its scheme, e.g. '
+     "http://otel-collector.observability.svc:4317, or a gRPC target"),
     (["--set", "config.imdsEndpoint=169.254.169.254"],
      'config.imdsEndpoint="169.254.169.254": expected an http:// URL'),
     (["--set", "state.hostPath=var/lib/x"], 'state.hostPath="var/lib/x": expected an absolute'),
@@ -279,7 +293,9 @@ def test_the_schema_refuses_wrong_values(args: list[str], says: str) -> None:
 ], ids=["no credential", "two credentials", "identity incomplete", "no sink", "one port",
         "extraEnv twice", "monitor without service", "otlp metrics without otlp",
         "grace too short", "poll too fast as text", "digest not a digest",
-        "namespace not fully qualified", "endpoint without scheme", "imds endpoint bare",
+        "namespace not fully qualified", "endpoint without scheme", "endpoint port 0",
+        "grpc target over http", "ipv4 target without port", "dns target with a named port",
+        "imds endpoint bare",
         "relative host path", "interval without unit", "interval in words"])
 
 def test_the_chart_says_what_to_set(args: list[str], says: str) -> None:
@@ -437,6 +453,74 @@ def test_no_network_policy_under_host_networking_unless_asked(args: list[str],
     assert kinds.count("NetworkPolicy") == policies, kinds
 
 
+def collector_ports(protocol: str, endpoint: str) -> list[int]:
+    """The ports the rendered NetworkPolicy opens for the collector: its egress rules after
+    IMDS and DNS, which come first whatever is enabled."""
+    def egress(*args: str) -> list[dict[str, Any]]:
+        (policy,) = [d for d in rendered(None, *args) if d["kind"] == "NetworkPolicy"]
+        rules: list[dict[str, Any]] = policy["spec"]["egress"]
+        return rules
+
+    base = egress()
+    rules = egress("--set", "otlp.enabled=true", "--set", f"otlp.protocol={protocol}",
+                   "--set-json", f"otlp.endpoint={json.dumps(endpoint)}")
+    assert rules[:len(base)] == base
+    return [port["port"] for rule in rules[len(base):] for port in rule["ports"]]
+
+
+@pytest.mark.parametrize(("protocol", "endpoint", "ports"), [
+    # Digits ending a host name are no port (the policy once opened 2 and 0 here).
+    ("http/protobuf", "http://collector2", [80]),
+    ("http/protobuf", "http://otel-collector-0", [80]),
+    ("http/protobuf", "https://x", [443]),
+    ("http/protobuf", "http://x:4318", [4318]),
+    ("http/protobuf", "HTTP://collector.observability.svc:4318/", [4318]),
+    ("http/protobuf", "http://[::1]:4318", [4318]),
+    ("http/protobuf", "http://[::1]", [80]),
+    # Over gRPC the URL gives host and port; without a port gRPC's resolver uses 443, on a
+    # plaintext channel too (checked with grpcio: a channel to "127.0.0.1" connects to :443).
+    ("grpc", "http://collector2", [443]),
+    ("grpc", "https://otel-collector-0", [443]),
+    ("grpc", "http://x:4317", [4317]),
+    ("grpc", "http://[::1]:4317", [4317]),
+    # gRPC's own naming (doc/naming.md), passed to the client as written.
+    ("grpc", "dns:///collector:4317", [4317]),
+    ("grpc", "dns:collector:4317", [4317]),
+    ("grpc", "dns://10.0.0.10/collector:4317", [4317]),
+    ("grpc", "dns:///collector", [443]),
+    ("grpc", "dns:///[fd00::5]:4317", [4317]),
+    ("grpc", "ipv4:10.0.0.5:4317,10.0.0.6:4318,10.0.0.7:4317", [4317, 4318]),
+    ("grpc", "ipv6:[fd00::5]:4317", [4317]),
+    # A Unix socket is no network traffic: no rule.
+    ("grpc", "unix:///run/otel/otlp.sock", []),
+    ("grpc", "unix:otlp.sock", []),
+    ("grpc", "unix-abstract:otel", []),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_the_network_policy_opens_the_collectors_real_port(protocol: str, endpoint: str,
+                                                          ports: list[int]) -> None:
+    assert collector_ports(protocol, endpoint) == ports
+
+
+def test_no_template_calls_or_or_and_with_one_argument() -> None:
+    """``or x`` is ``x``: a lone argument is a condition someone meant to write and did not."""
+    action = re.compile(r"\{\{-?(?!\s*/\*)(.*?)-?\}\}", re.S)
+    literal = re.compile(r'"(?:[^"\\]|\\.)*"|`[^`]*`')
+    lone = re.compile(r"\b(or|and)\s+[^\s()]+\s*(\)|$)")
+    found = [f"{path.name}: {{{{{body.strip()}}}}}" for path in (CHART / "templates").iterdir()
+             for body in action.findall(path.read_text(encoding="utf-8"))
+             if lone.search(literal.sub('""', body).strip())]
+    assert not found, found
+    # The check sees the form it is for.
+    assert lone.search(literal.sub('""', ' if or .Values.eventhubs.enabled '.strip()))
+
+
+#: The chart's annotation that says no release is tagged yet (docs/releasing.md, step 3).
+NO_RELEASE = "azure-scheduled-events-exporter/no-release-yet"
+BUILD_NOTES = "No release has been tagged yet"
+#: A dated release heading of CHANGELOG.md, as docs/releasing.md's step 3 writes it.
+DATED_RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+[^\]]*)\] - \d{4}-\d{2}-\d{2}\s*$", re.M)
+
+
 def notes(*args: str) -> str:
     done = helm("install", "see", str(CHART), "--namespace", "ops", "--dry-run=client", *args)
     return str(done.stdout[done.stdout.index("NOTES:"):])
@@ -444,7 +528,8 @@ def notes(*args: str) -> str:
 
 def test_notes_say_how_to_build_the_image_until_a_release_is_tagged() -> None:
     default = notes()
-    assert "No release has been tagged yet" in default
+    if BUILD_NOTES not in default:
+        pytest.skip("a release is tagged (the chart has no annotation " + NO_RELEASE + ")")
     assert "docker push REGISTRY/scheduled-events-exporter:" in default
     assert ("--set image.registry=REGISTRY --set image.repository=scheduled-events-exporter"
             in default)
@@ -452,6 +537,55 @@ def test_notes_say_how_to_build_the_image_until_a_release_is_tagged() -> None:
                  "--set", "image.repository=scheduled-events-exporter"],
                 ["--set", "global.imageRegistry=myacr.azurecr.io"]):
         assert "No release has been tagged yet" not in notes(*own)
+
+
+def test_the_build_notes_last_only_until_changelog_dates_a_release() -> None:
+    """Once CHANGELOG.md dates a release, the image is published: NOTES that still tell every
+    default install to build and push it are false. The first release removes the chart's
+    annotation (docs/releasing.md, step 3), which is what turns them off."""
+    dated = DATED_RELEASE.findall((REPO / "CHANGELOG.md").read_text(encoding="utf-8"))
+    if dated:
+        assert BUILD_NOTES not in notes(), (
+            f"CHANGELOG.md dates release {dated[0]}, but a default install's NOTES still say "
+            f"{BUILD_NOTES!r}: remove the annotation {NO_RELEASE} from Chart.yaml")
+    else:
+        assert BUILD_NOTES in notes()
+
+
+def test_the_release_step_is_what_turns_the_build_notes_off(tmp_path: Path) -> None:
+    """The annotation decides, not the image name (which a release keeps): the chart without
+    it, as the first release leaves it, says nothing about building."""
+    chart_yaml = (CHART / "Chart.yaml").read_text(encoding="utf-8")
+    released = tmp_path / CHART.name
+    shutil.copytree(CHART, released)
+    kept = [line for line in chart_yaml.splitlines(keepends=True) if NO_RELEASE not in line]
+    assert len(kept) == len(chart_yaml.splitlines()) - 1, "the annotation is one line"
+    (released / "Chart.yaml").write_text("".join(kept), encoding="utf-8")
+    done = helm("install", "see", str(released), "--namespace", "ops", "--dry-run=client")
+    assert BUILD_NOTES not in done.stdout
+    assert "ghcr.io/azure-scheduled-events-exporter/" in done.stdout  # the same default image
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the workflow's check uses tomllib")
+@pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "released"])
+def test_the_release_workflow_refuses_a_tag_while_the_chart_says_no_release(
+        annotated: bool, tmp_path: Path) -> None:
+    """The release workflow's own check, run as written on a copy of the files it reads."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
+    (step,) = [s for s in workflow["jobs"]["check"]["steps"] if s.get("id") == "version"]
+    script = step["run"].split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    for name in ("src/scheduled_events_exporter/__init__.py", "pyproject.toml",
+                 "charts/azure-scheduled-events-exporter/Chart.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        text = (REPO / name).read_text(encoding="utf-8")
+        if not annotated:
+            text = "".join(line for line in text.splitlines(keepends=True)
+                           if NO_RELEASE not in line)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-", __version__], input=script, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == (1 if annotated else 0), done.stdout + done.stderr
+    assert (NO_RELEASE in done.stdout) == annotated, done.stdout
 
 
 def test_notes_give_the_subject_of_the_federated_credential() -> None:
@@ -494,6 +628,20 @@ def test_notes_say_when_the_otlp_port_is_the_other_protocols(protocol: str, port
     assert "Check otlp.endpoint" not in right
     host = notes("-f", str(CHART / "ci" / "host-network-values.yaml"))
     assert "--enable-imds-restriction" not in host and "Host network: on" in host
+
+
+@pytest.mark.parametrize(("endpoint", "says"), [
+    ("http://collector.obs.svc", "it gives no port, and gRPC then connects to 443"),
+    ("dns:///collector.obs.svc:4317", "passed to gRPC as written, with TLS unless extraEnv sets"),
+    ("unix:///run/otel/otlp.sock", "A Unix socket: mount the collector's socket directory"),
+])
+def test_notes_say_what_a_grpc_endpoint_implies(endpoint: str, says: str) -> None:
+    said = notes("--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+                 "--set", f"otlp.endpoint={endpoint}")
+    assert says in said
+    plain = notes("--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+                  "--set", "otlp.endpoint=http://collector.obs.svc:4317")
+    assert says not in plain
 
 
 # --- checkov ------------------------------------------------------------------------------
@@ -643,11 +791,12 @@ def test_sidecar_examples_never_gate_the_application() -> None:
 
 def test_the_schema_refuses_a_surge_two_exporters_would_share_a_directory_in() -> None:
     for surge in ("1", "10%"):
-        done = helm("template", "x", str(CHART), "--set-string",
+        done = helm("template", "x", str(CHART), "--set",
                     f"updateStrategy.rollingUpdate.maxSurge={surge}", check=False)
         assert done.returncode != 0
-        assert (f"updateStrategy.rollingUpdate.maxSurge={surge}: expected 0. One exporter per "
-                "state directory") in done.stderr, done.stderr
+        assert (f"updateStrategy.rollingUpdate.maxSurge={surge}: expected 0 with "
+                "state.type=hostPath. One exporter per state directory") in done.stderr, \
+            done.stderr
     misplaced = helm("template", "x", str(CHART), "--set", "updateStrategy.maxSurge=1",
                      check=False)
     assert misplaced.returncode != 0 and "maxSurge" in misplaced.stderr
@@ -656,6 +805,23 @@ def test_the_schema_refuses_a_surge_two_exporters_would_share_a_directory_in() -
     assert on_delete["spec"]["updateStrategy"] == {"type": "OnDelete"}
     (daemonset,) = [d for d in rendered(None) if d["kind"] == "DaemonSet"]
     assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+@pytest.mark.parametrize("surge", [1, "25%"])
+def test_an_emptydir_install_may_surge_unless_it_holds_node_ports(surge: int | str) -> None:
+    """With state.type=emptyDir no directory is shared: the new pod can watch beside the old
+    one until it is ready. Under host networking the node's ports are shared instead."""
+    args = ["--set", "state.type=emptyDir", "--set-json",
+            f"updateStrategy.rollingUpdate.maxSurge={json.dumps(surge)}"]
+    (daemonset,) = [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == surge
+    kubernetes_validate.validate(daemonset, KUBE_VERSION, strict=True)  # raises when invalid
+    held = helm("template", "x", str(CHART), *args, "--set", "hostNetwork=true",
+                "--set", "ports.health=18080", "--set", "ports.metrics=19464", check=False)
+    assert held.returncode != 0
+    assert (f"updateStrategy.rollingUpdate.maxSurge={surge}: expected 0 with hostNetwork=true. "
+            "A surged pod needs the node ports its predecessor holds (health 18080, metrics "
+            "19464)") in held.stderr, held.stderr
 
 
 def state_of(docs: list[dict[str, Any]]) -> tuple[Any, ...]:

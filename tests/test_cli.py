@@ -271,6 +271,29 @@ def test_check_config_shows_where_otlp_records_go_by_default(protocol: str,
     assert "OTEL_METRIC_EXPORT_INTERVAL=60000 (default)" in lines
 
 
+TEMPORALITY = "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"
+AGGREGATION = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+
+
+@pytest.mark.parametrize(("more", "shown"), [
+    ({}, [f"{TEMPORALITY}=cumulative (default)",
+          f"{AGGREGATION}=explicit_bucket_histogram (default)"]),
+    ({TEMPORALITY: "delta", AGGREGATION: "base2_exponential_bucket_histogram"},
+     [f"{TEMPORALITY}=delta", f"{AGGREGATION}=base2_exponential_bucket_histogram"]),
+    # The otlp sink sends no metrics: nothing is aggregated for it, so no line.
+    ({"OTEL_METRICS_EXPORTER": "prometheus"}, []),
+], ids=["defaulted", "set", "otlp metrics off"])
+def test_check_config_shows_the_metrics_temporality_and_histogram_aggregation(
+        more: dict[str, str], shown: list[str]) -> None:
+    """Which rules file and dashboard setting a route needs follows from these two
+    (docs/consumption.md, "Pick a route"): check-config says them even when defaulted."""
+    done = run("check-config", env=clean_env(SEE_STATE_DIR="", SEE_SINKS="otlp", **more))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines()
+             if line.startswith((TEMPORALITY, AGGREGATION))]
+    assert lines == shown
+
+
 @pytest.mark.parametrize(("protocol", "endpoint", "said"), [
     ("grpc", "http://collector:4317/v1/logs", "has a path ('/v1/logs') that gRPC ignores"),
     ("http/protobuf", "http://collector:4318/v1/metrics",

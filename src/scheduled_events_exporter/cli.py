@@ -218,7 +218,11 @@ _CHECK_HELP = """usage: scheduled-events-exporter check-config [--env-file FILE]
 
 Validate the configuration exactly as "run" would (the same variables: see "run --help"), print
 the effective value of every setting with secrets redacted, and exit: 0 when "run" would start,
-2 with one line per problem otherwise. It creates, writes and connects to nothing.
+2 with one line per problem otherwise. It creates, writes and connects to nothing. A default in
+effect is marked "(default)"; while the otlp sink sends metrics, that includes their temporality
+and histogram aggregation (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE,
+OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION), which decide the rules file and the
+dashboard setting of an Azure Monitor route (docs/consumption.md, "Pick a route").
 
 --env-file FILE: also read FILE, in systemd's EnvironmentFile= syntax (KEY=VALUE lines,
 comments, quotes), over this shell's environment, as the service gets it; for the systemd

@@ -404,6 +404,10 @@ def _eventhubs(config: Config) -> bool:
     return "eventhubs" in config.sinks
 
 
+def _otlp_metrics(config: Config) -> bool:
+    return "otlp" in config.metrics_exporters
+
+
 def _hook_set(config: Config) -> bool:
     return bool(config.approval and config.approval.hook)
 
@@ -500,7 +504,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("OTEL_METRIC_EXPORT_INTERVAL", "metric_export_interval",
             lambda text: _number(int, 1000, 86_400_000)[0](text) / 1000.0,
             "milliseconds, an integer from 1000 to 86400000",
-            when=lambda c: "otlp" in c.metrics_exporters,
+            when=_otlp_metrics,
             show=lambda c: f"{c.metric_export_interval * 1000:g}"),
     # Read and checked per signal by otlp_settings (our own OTLP requests); the defaults shown
     # are the specification's, so a user sees where records go.
@@ -517,8 +521,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(f"{_OTLP}CLIENT_KEY", per_signal=True, secret=True),
     Setting(f"{_OTLP}CLIENT_CERTIFICATE", per_signal=True),
     Setting(f"{_OTLP}INSECURE", per_signal=True),
-    Setting(f"{_OTLP}METRICS_TEMPORALITY_PREFERENCE"),
-    Setting(f"{_OTLP}METRICS_DEFAULT_HISTOGRAM_AGGREGATION"),
+    # Read and checked by otlp_settings too. Shown, defaults included, whenever the otlp sink
+    # sends metrics: which rules file and dashboard setting a route needs follows from them
+    # (docs/consumption.md, "Pick a route").
+    Setting(f"{_OTLP}METRICS_TEMPORALITY_PREFERENCE", when=_otlp_metrics,
+            show=lambda c: c.metrics_temporality),
+    Setting(f"{_OTLP}METRICS_DEFAULT_HISTOGRAM_AGGREGATION", when=_otlp_metrics,
+            show=lambda c: c.metrics_histogram_aggregation),
     # The SDK's resource detector reads these two. It drops a pair without '=' with a warning
     # nobody sees (the SDK's logger is not ours): a missing attribute would only be noticed
     # when a dashboard or an alert that groups by it misses this VM, so that much is checked.

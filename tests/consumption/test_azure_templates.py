@@ -1,6 +1,6 @@
 """ARM template checks for config/azure: the custom tables match records.COLUMNS (a renamed field
 breaks this), the Event Hubs data collection rule, its association and role assignments are
-wired as Azure Monitor expects, and the log alert rules are complete for both landing paths."""
+wired as Azure Monitor expects, and the log alert rules are complete for every landing path."""
 
 from __future__ import annotations
 

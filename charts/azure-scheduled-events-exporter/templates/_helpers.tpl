@@ -104,9 +104,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Checks the values cannot express in values.schema.json, with a line that says what to set. */}}
 {{- define "see.validate" -}}
+{{- /* A surge runs the new pod beside the old one on each node: refused where the two would
+     share something only one can hold (docs/kubernetes.md, "Upgrades and rollbacks"). */}}
 {{- with .Values.updateStrategy.rollingUpdate }}
 {{- if and (hasKey . "maxSurge") (not (has (toString .maxSurge) (list "0" "0%"))) }}
-{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0. One exporter per state directory: a surged pod would find the directory held by the pod it replaces, wait for it, and exit with code 3 (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge) }}
+{{- if ne $.Values.state.type "emptyDir" }}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0 with state.type=%s. One exporter per state directory: a surged pod would find the node's directory held by the pod it replaces, wait for it, and exit with code 3; with state.type=emptyDir each pod has its own and a surge is allowed (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge $.Values.state.type) }}
+{{- else if $.Values.hostNetwork }}
+{{- $held := printf "health %v" $.Values.ports.health }}
+{{- if $.Values.prometheus.enabled }}{{ $held = printf "%s, metrics %v" $held $.Values.ports.metrics }}{{ end }}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0 with hostNetwork=true. A surged pod needs the node ports its predecessor holds (%s): it cannot be scheduled beside it, and the rollout stops (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge $held) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $eh := .Values.eventhubs }}
@@ -144,7 +152,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $forms := list
   (list "image.digest" .Values.image.digest "^(sha256:[a-f0-9]{64})?$" "sha256: and 64 hex digits, or empty to pull by tag")
   (list "config.imdsEndpoint" .Values.config.imdsEndpoint "^http://[^/]+/?$" "an http:// URL with a host and no path, e.g. http://169.254.169.254")
-  (list "otlp.endpoint" .Values.otlp.endpoint "^https?://" "the collector's URL with its scheme, e.g. http://otel-collector.observability.svc:4318")
   (list "eventhubs.workloadIdentity.namespace" .Values.eventhubs.workloadIdentity.namespace "^$|^[A-Za-z0-9][A-Za-z0-9-]*(\\.[A-Za-z0-9-]+)+$" "the fully qualified namespace, e.g. myns.servicebus.windows.net")
   (list "state.hostPath" .Values.state.hostPath "^/" "an absolute path on the node, e.g. /var/lib/scheduled-events-exporter")
   (list "podMonitor.interval" .Values.podMonitor.interval "^[0-9]+(ms|s|m|h)$" "a duration such as 30s or 1m")
@@ -154,6 +161,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- fail (printf "%s=%q: expected %s" (index . 0) (toString (index . 1)) (index . 3)) }}
 {{- end }}
 {{- end }}
+{{- $_ := include "see.otlpPorts" . }}
 {{- $names := dict }}
 {{- range .Values.extraEnv }}
 {{- if hasKey $names .name }}
@@ -161,6 +169,60 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- $_ := set $names .name true }}
 {{- end }}
+{{- end }}
+
+{{/* The TCP ports otlp.endpoint sends to, comma-separated, as the exporter reaches them (empty:
+     a Unix socket, no network). An http:// or https:// URL: its port; without one, 80 for http
+     and 443 for https over http/protobuf, and 443 over gRPC, whose resolver gives a name
+     without a port 443 even on a plaintext channel. A gRPC target (gRPC's doc/naming.md, passed
+     to the client as written; protocol grpc only): dns: its port, else 443; ipv4: and ipv6:
+     every address's port (gRPC refuses an address without one); unix: and unix-abstract:
+     none. Anything else fails, saying what to write; so does a port outside 1-65535. */}}
+{{- define "see.otlpPorts" -}}
+{{- $endpoint := toString .Values.otlp.endpoint }}
+{{- $grpc := eq .Values.otlp.protocol "grpc" }}
+{{- $scheme := regexFind `^[A-Za-z][A-Za-z0-9+.-]*:` $endpoint | trimSuffix ":" | lower }}
+{{- $expected := "expected the collector's URL with its scheme, e.g. http://otel-collector.observability.svc:4318" }}
+{{- if $grpc }}
+{{- $expected = "expected the collector's URL with its scheme, e.g. http://otel-collector.observability.svc:4317, or a gRPC target such as dns:///otel-collector.observability.svc:4317 or unix:///run/otel/otlp.sock" }}
+{{- end }}
+{{- $ports := list }}
+{{- if and (has $scheme (list "http" "https")) (regexMatch `^[A-Za-z]+://([^/?#@]*@)?(\[[0-9A-Fa-f:.]+\]|[^/?#@\[\]:]+)(:[0-9]*)?([/?#].*)?$` $endpoint) }}
+{{- $port := regexFind `:[0-9]+$` (urlParse $endpoint).host | trimPrefix ":" }}
+{{- $ports = list ($port | default (ternary "443" "80" (or $grpc (eq $scheme "https")))) }}
+{{- else if and $grpc (eq $scheme "dns") }}
+{{- $name := regexReplaceAll `^[A-Za-z]+:(//[^/]*/)?` $endpoint "" }}
+{{- $port := "443" }}
+{{- if hasPrefix "[" $name }}
+{{- if not (regexMatch `^\[[0-9A-Fa-f:.]+\](:[0-9]+)?$` $name) }}{{ fail (printf "otlp.endpoint=%q: %s" $endpoint $expected) }}{{ end }}
+{{- $port = regexFind `\]:[0-9]+$` $name | trimPrefix "]:" | default "443" }}
+{{- else if eq (len (splitList ":" $name)) 2 }}
+{{- if not (regexMatch `^[^:/]+:[0-9]+$` $name) }}{{ fail (printf "otlp.endpoint=%q: %s" $endpoint $expected) }}{{ end }}
+{{- $port = regexFind `[0-9]+$` $name }}
+{{- else if not $name }}
+{{- fail (printf "otlp.endpoint=%q: %s" $endpoint $expected) }}
+{{- end }}
+{{- $ports = list $port }}
+{{- else if and $grpc (has $scheme (list "ipv4" "ipv6")) }}
+{{- $form := ternary `^[0-9.]+:([0-9]+)$` `^\[[0-9A-Fa-f:.]+\]:([0-9]+)$` (eq $scheme "ipv4") }}
+{{- range splitList "," (regexReplaceAll `^[A-Za-z0-9]+:` $endpoint "") }}
+{{- if not (regexMatch $form .) }}
+{{- fail (printf "otlp.endpoint=%q: expected each %s: address with its port (%s), which gRPC requires there" $endpoint $scheme (ternary "ipv4:10.0.0.5:4317" "ipv6:[fd00::5]:4317" (eq $scheme "ipv4"))) }}
+{{- end }}
+{{- $ports = append $ports (regexFind `[0-9]+$` .) }}
+{{- end }}
+{{- else if not (and $grpc (has $scheme (list "unix" "unix-abstract"))) }}
+{{- if and (not $grpc) (has $scheme (list "dns" "ipv4" "ipv6" "unix" "unix-abstract")) }}
+{{- fail (printf "otlp.endpoint=%q: a gRPC target needs otlp.protocol=grpc (otlp.protocol is %s); %s" $endpoint .Values.otlp.protocol $expected) }}
+{{- end }}
+{{- fail (printf "otlp.endpoint=%q: %s" $endpoint $expected) }}
+{{- end }}
+{{- range $ports }}
+{{- if or (lt (int .) 1) (gt (int .) 65535) }}
+{{- fail (printf "otlp.endpoint=%q: port %s is not a TCP port, expected 1 to 65535" $endpoint .) }}
+{{- end }}
+{{- end }}
+{{- join "," (uniq $ports) }}
 {{- end }}
 
 {{/* OTEL_RESOURCE_ATTRIBUTES: where this pod runs, from the downward API (NODE_NAME, POD_NAME
