@@ -171,6 +171,9 @@ def test_the_startup_line_names_the_ports_actually_bound() -> None:
     with ExporterProcess(env) as proc:
         proc.wait_for(lambda: "polling http" in proc.stderr(), 10, "the start-up line")
         startup = next(x for x in proc.stderr_lines if "polling http" in x)
+        # Which build runs comes first (the version that names its commit).
+        assert f"scheduled_events_exporter: scheduled-events-exporter {__version__} polling " \
+               "http://127.0.0.1:" in startup, startup
         health = re.search(r"health: http://127\.0\.0\.1:(\d+)/healthz", startup)
         scrape = re.search(r"Prometheus http://127\.0\.0\.1:(\d+)/metrics", startup)
         assert health and scrape, startup
