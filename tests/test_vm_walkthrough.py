@@ -227,7 +227,7 @@ def test_the_upgrade_and_the_rollback_as_written(walk: Walkthrough) -> None:
     Neither writes into the clone."""
     install_unit(walk)
     planted = walk.clone / PLANTED
-    planted.parent.mkdir(parents=True)
+    planted.parent.mkdir(parents=True, exist_ok=True)
     planted.write_text("LEFT = True\n", encoding="utf-8")
     git(walk.upstream, "rm", "-q", FIRST_ONLY)
     git(walk.upstream, "commit", "-q", "-m", "the upgrade drops a module")
