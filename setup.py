@@ -14,9 +14,12 @@ It comes from the first of these that applies:
 2. git, when this directory is a git work tree: RELEASE when the tag ``v<RELEASE>`` points at
    HEAD and no tracked file differs from it; otherwise RELEASE+g<the commit's first 7 hex
    digits>, with ``.dirty`` added when tracked files differ (PEP 440 local version).
-3. ``PKG-INFO``, in an unpacked sdist: the version the sdist was made with.
-4. RELEASE+unknown, said on stderr: a copy without its history (``git archive``, a tarball),
-   or git refusing the repository (another user's clone: "dubious ownership").
+3. ``.git_archival.txt``, in a ``git archive`` (GitHub's "Download ZIP" and release archives
+   are ones): git wrote the commit and its refs into it (``export-subst`` in .gitattributes),
+   read as in 2, a tagged commit giving RELEASE.
+4. ``PKG-INFO``, in an unpacked sdist: the version the sdist was made with.
+5. RELEASE+unknown, said on stderr: a copy without its history (a copied tree, a tarball of
+   the files), or git refusing the repository (another user's clone: "dubious ownership").
 
 RELEASE is ``src/scheduled_events_exporter/__init__.py``'s, read without importing it.
 ``python3 setup.py --print-version`` prints the version without building anything and without
@@ -92,18 +95,37 @@ def from_git(base: str) -> str:
     return f"{base}+g{commit[:7]}{'.dirty' if dirty else ''}"
 
 
+def from_archive(base: str) -> str:
+    """The version ``git archive`` recorded in ``.git_archival.txt``, or "" when it is not one
+    (in a checkout the file holds git's placeholders, not their values)."""
+    try:
+        fields = dict(line.partition(": ")[::2] for line in
+                      (ROOT / ".git_archival.txt").read_text(encoding="utf-8").splitlines())
+    except OSError:
+        return ""
+    commit = fields.get("node", "")
+    if not re.fullmatch(r"[0-9a-f]{40,64}", commit):
+        return ""
+    tags = {ref.strip().removeprefix("tag: ") for ref in fields.get("refs", "").split(",")
+            if ref.strip().startswith("tag: ")}
+    return base if f"v{base}" in tags else f"{base}+g{commit[:7]}"
+
+
 def version() -> str:
     """The version a build of this tree gets (the module docstring says from where)."""
     base = release()
     given = os.environ.get(OVERRIDE, "").strip()
     if given:
         return checked(given, base, OVERRIDE)
-    why = "no .git here and no PKG-INFO"
+    why = "no .git here, no git archive's .git_archival.txt and no PKG-INFO"
     if (ROOT / ".git").exists():  # a directory in a clone, a file in a git worktree
         try:
             return from_git(base)
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             why = f"git could not read this clone ({exc})"
+    archived = from_archive(base)
+    if archived:
+        return archived
     pkg_info = ROOT / "PKG-INFO"
     if pkg_info.is_file():
         headers = HeaderParser().parsestr(pkg_info.read_text(encoding="utf-8"))

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: What a build reads: the package's metadata and sources (setup.py, pyproject.toml's readme and
 #: licence, the simulator's scenario files), and what git ignores.
 INPUTS = ("setup.py", "pyproject.toml", "README.md", "LICENSE", "src", "config/scenarios",
-          ".gitignore")
+          ".gitignore", ".gitattributes", ".git_archival.txt")
 COMMAND = "bin/scheduled-events-exporter"
 
 pytestmark = [
@@ -151,15 +151,33 @@ def test_the_release_route_sdist_then_wheel_keeps_the_commit(
     assert installed_version(target, wheel) == expected
 
 
-def test_without_git_the_build_says_so_and_takes_a_given_version(
+def test_a_git_archive_names_its_commit_and_its_tag(backend: Path, target: Path, tree: Path,
+                                                   tmp_path: Path) -> None:
+    """``git archive`` (GitHub's source downloads are ones) has no .git: it writes the commit
+    and its refs into .git_archival.txt (export-subst)."""
+    commit = git(tree, "rev-parse", "HEAD")
+    untagged = archive(tree, tmp_path / "untagged")
+    assert installed_version(target, build_wheel(backend, untagged, tmp_path / "w1")) \
+        == f"{RELEASE}+g{commit[:7]}"
+    git(tree, "tag", "-a", f"v{RELEASE}", "-m", f"v{RELEASE}")
+    tagged = archive(tree, tmp_path / "tagged")
+    assert installed_version(target, build_wheel(backend, tagged, tmp_path / "w2")) == RELEASE
+
+
+def archive(tree: Path, into: Path) -> Path:
+    into.mkdir()
+    data = subprocess.run(["git", "archive", "HEAD"], cwd=tree, capture_output=True,
+                          check=True, timeout=60).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=data, check=True, timeout=60)
+    return into
+
+
+def test_without_history_the_build_says_so_and_takes_a_given_version(
         backend: Path, target: Path, tree: Path, tmp_path: Path) -> None:
-    """A copy without history (``git archive``; the Dockerfile's context, which has no .git)
-    is ``+unknown`` unless given its version, which must be this release's."""
+    """A copy of the files alone (the Dockerfile's context has no .git) is ``+unknown``
+    unless given its version, which must be this release's."""
     export = tmp_path / "export"
-    export.mkdir()
-    archive = subprocess.run(["git", "archive", "HEAD"], cwd=tree, capture_output=True,
-                             check=True, timeout=60).stdout
-    subprocess.run(["tar", "-x", "-C", str(export)], input=archive, check=True, timeout=60)
+    shutil.copytree(tree, export, symlinks=True, ignore=shutil.ignore_patterns(".git"))
     wheel = build_wheel(backend, export, tmp_path / "unknown")
     assert installed_version(target, wheel) == f"{RELEASE}+unknown"
     given = f"{RELEASE}+g0123456"
@@ -174,7 +192,7 @@ def test_without_git_the_build_says_so_and_takes_a_given_version(
             f"or {RELEASE}+<local part>") in refused.stdout + refused.stderr
     printed = run(sys.executable, export / "setup.py", "--print-version", cwd=export)
     assert printed.stdout.strip() == f"{RELEASE}+unknown"
-    assert "no .git here and no PKG-INFO" in printed.stderr
+    assert "no .git here, no git archive's .git_archival.txt and no PKG-INFO" in printed.stderr
 
 
 def test_a_module_left_in_build_lib_is_not_packed(backend: Path, tree: Path,
