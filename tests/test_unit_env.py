@@ -124,6 +124,15 @@ def test_an_empty_assignment_resets_its_list_and_unset_comes_last(tmp_path: Path
     assert got.values == {"B": "2", "C": "3"}
 
 
+def test_pass_environment_is_said_not_read(tmp_path: Path) -> None:
+    """PassEnvironment= takes the service manager's own variables, which check-config does not
+    see (and the shell's are not the manager's)."""
+    got = env_of(tmp_path, "PassEnvironment=SEE_SINKS HTTPS_PROXY\nEnvironment=A=1\n")
+    assert got.values == {"A": "1"}
+    assert got.notes == (f"{tmp_path / NAME}:6: PassEnvironment=: passes the service manager's "
+                         "own SEE_SINKS HTTPS_PROXY, which check-config cannot see: not checked",)
+
+
 def test_drop_ins_beside_the_unit_apply_after_it_in_name_order(tmp_path: Path) -> None:
     path = unit(tmp_path, "Environment=A=unit B=unit C=unit\n")
     dropins = tmp_path / f"{NAME}.d"
