@@ -345,6 +345,27 @@ def test_environment_files_missing_refused_or_optional(tmp_path: Path) -> None:
         assert len(done.stderr.splitlines()) == 1
 
 
+@pytest.mark.timeout(30)
+def test_an_environment_file_that_is_no_file_is_refused_even_when_optional(
+        tmp_path: Path) -> None:
+    """What systemd would do with a FIFO or a device is not what check-config can tell by
+    reading it: refused, without waiting or reading forever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge"
+    huge.write_bytes(b"#" * (4 * 1024 * 1024 + 1))
+    for target, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device")):
+        path = unit(tmp_path, f"EnvironmentFile=-{target}\n")
+        done = check("--unit", str(path))
+        assert (done.returncode, done.stderr) == (2, (
+            f"check-config: --unit {path}: {path}:6: EnvironmentFile=-{target}: {kind}, not a "
+            "regular file; expected an environment file (a regular file of at most 4 MiB)\n"))
+    path = unit(tmp_path, f"EnvironmentFile=-{huge}\n")
+    done = check("--unit", str(path))
+    assert done.returncode == 2 and ": larger than 4 MiB; expected an environment file" \
+        in done.stderr, done.stderr
+
+
 def test_wildcards_relative_paths_and_specifiers_in_environment_file(tmp_path: Path) -> None:
     conf = tmp_path / "conf.d"
     conf.mkdir()

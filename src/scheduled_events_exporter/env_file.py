@@ -55,6 +55,7 @@ _NONCHARACTER = re.compile("[\ufdd0-\ufdef" + "".join(
 #: The most check-config reads of one file. systemd stops at 64 MiB; a configuration file of
 #: more than this is a mistake (or a device or a link to one), not something to parse.
 MAX_FILE_BYTES: Final = 4 * 1024 * 1024
+_MIB: Final = MAX_FILE_BYTES // (1024 * 1024)
 _KINDS: Final = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -233,7 +234,7 @@ def read_bounded(path: Path, *, limit: int = MAX_FILE_BYTES) -> bytes:
             raise IsADirectoryError(21, "Is a directory")
         kind = next((what for test, what in _KINDS if test(mode)), "")
         if kind:
-            raise OSError(0, f"{kind}, not a regular file")
+            raise OSError(0, f"{kind}, not a regular file")  # errno 0: our refusal
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))
@@ -242,7 +243,7 @@ def read_bounded(path: Path, *, limit: int = MAX_FILE_BYTES) -> bytes:
             chunks.append(chunk)
             size += len(chunk)
         if size > limit:
-            raise OSError(0, f"larger than {limit // (1024 * 1024)} MiB")
+            raise OSError(0, f"larger than {limit // (1024 * 1024)} MiB")  # errno 0: ours
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -254,7 +255,12 @@ def read_env_file(path: Path) -> EnvFile:
     try:
         data = read_bounded(path)
     except OSError as exc:
-        hint = (" (the service's file is mode 0600: run check-config with sudo)"
-                if isinstance(exc, PermissionError) else "")
-        raise EnvFileError(f"{exc.strerror or exc}; expected a readable file{hint}") from None
+        if isinstance(exc, PermissionError):
+            expected = ("a readable file (the service's file is mode 0600: run check-config "
+                        "with sudo)")
+        elif exc.errno:  # missing, a directory, ...
+            expected = "a readable file"
+        else:  # what read_bounded refuses: a FIFO, a device, too large
+            expected = f"an environment file (a regular file of at most {_MIB} MiB)"
+        raise EnvFileError(f"{exc.strerror or exc}; expected {expected}") from None
     return parse_env_bytes(data)

@@ -448,10 +448,10 @@ def _load(path: str, optional: bool, at: str, notes: list[str]) -> dict[str, str
                             "does not start the service (\"Failed to load environment files\")"
                             ) from None
         except OSError as exc:
-            hint = (" (systemd reads it as root: run check-config with sudo)"
-                    if isinstance(exc, PermissionError) else "")
-            raise UnitError(f"{shown}: {exc.strerror or exc}; expected a readable file{hint}"
-                            ) from None
+            expected = ("a readable file (systemd reads it as root: run check-config with sudo)"
+                        if isinstance(exc, PermissionError) else "a readable file" if exc.errno
+                        else "an environment file (a regular file of at most 4 MiB)")
+            raise UnitError(f"{shown}: {exc.strerror or exc}; expected {expected}") from None
         notes.extend(f"{match}: {note}" for note in parsed.ignored)
         for name, value in parsed.values.items():
             values.pop(name, None)
