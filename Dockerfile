@@ -10,8 +10,10 @@
 # virtualenv built in one runs in the other. The runtime closure is installed from
 # requirements/runtime.lock with hash checking, the build backend from requirements/build.lock.
 # Nothing depends on the CPU architecture: pip takes each platform's wheels.
-# VERSION, REVISION and CREATED fill the OCI labels (the release workflow passes them; the
-# version is src/scheduled_events_exporter/__init__.py's).
+# VERSION, REVISION and CREATED fill the OCI labels (the release workflow passes them). VERSION
+# is also the exporter's own version (setup.py checks it against RELEASE in
+# src/scheduled_events_exporter/__init__.py), so the label and `version` say the same; without
+# it the build has no git to ask, and both say so (`unknown`, `0.1.0+unknown`).
 # Both defaults are pinned by digest (the tag stays for the reader), so two builds of one commit
 # start from the same bytes; Renovate moves tag and digest together (renovate.json). A digest
 # here must be the tag's multi-platform index, not one platform's manifest: the release builds
@@ -33,13 +35,14 @@ RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
 FROM builder AS build
 # A private mirror of the package index, if any: the lock's hashes still decide what installs.
 ARG PIP_INDEX_URL
+ARG VERSION=unknown
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY requirements/ ./requirements/
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY config/scenarios ./config/scenarios
 COPY src ./src
 # The wheel is built by the locked backend in a throwaway virtualenv. The exporter's virtualenv
@@ -50,7 +53,8 @@ COPY src ./src
 # once here and checked by hash rather than mtime: the root is read-only at run time. The state
 # directory is made here, 0700 for 65532, and copied with its parent (a copy does not set the
 # mode of a directory it creates).
-RUN python3 -m venv /tmp/build \
+RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION="$VERSION"; fi \
+ && python3 -m venv /tmp/build \
  && /tmp/build/bin/python -m pip install --require-hashes --no-deps -r requirements/build.lock \
  && /tmp/build/bin/python -m pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
  && python3 -m venv --without-pip /opt/scheduled-events-exporter \

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduled_events_exporter import __version__
+from scheduled_events_exporter import RELEASE
 from tests.k8s_tools import PUBLISHED_IMAGE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ RUNTIME_BASE = "localhost/see-test-runtime:trixie"
 IMAGE = "localhost/scheduled-events-exporter:test"
 SHELL_IMAGE = "localhost/scheduled-events-exporter:test-shell"
 #: What the chart and ``config/k8s/`` name as the exporter's image (tagged to the built one).
-MANIFEST_IMAGE = f"{PUBLISHED_IMAGE}:{__version__}"
+MANIFEST_IMAGE = f"{PUBLISHED_IMAGE}:{RELEASE}"
 STATE = "/var/lib/scheduled-events-exporter"
 
 _CONF = """\
@@ -136,8 +136,10 @@ def ensure_bookworm_builder(podman: Podman, workdir: Path) -> None:
                     suite="bookworm")
 
 
-#: The OCI labels the tests build with (the release workflow passes the same arguments).
-LABELS = {"VERSION": __version__, "REVISION": "0123456789abcdef0123456789abcdef01234567",
+#: The OCI labels the tests build with (the release workflow passes the same arguments). VERSION
+#: is also the exporter's version in the image (setup.py): a build of commit REVISION.
+_REVISION = "0123456789abcdef0123456789abcdef01234567"
+LABELS = {"VERSION": f"{RELEASE}+g{_REVISION[:7]}", "REVISION": _REVISION,
           "CREATED": "2026-11-26T12:00:00Z"}
 
 

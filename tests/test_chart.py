@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from scheduled_events_exporter import __version__
+from scheduled_events_exporter import RELEASE
 from scheduled_events_exporter.config import load_config
 from tests.k8s_tools import (
     CHART,
@@ -77,12 +77,12 @@ def test_the_ci_values_cover_what_users_configure() -> None:
 def test_one_version_for_package_image_and_chart(tmp_path: Path) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
     assert chart["apiVersion"] == "v2"
-    assert chart["appVersion"] == chart["version"] == __version__
+    assert chart["appVersion"] == chart["version"] == RELEASE
     container = exporter(rendered(None))
-    assert container["image"].endswith(f":{__version__}")
+    assert container["image"].endswith(f":{RELEASE}")
     helm("package", str(CHART), "--destination", str(tmp_path))
     (package,) = tmp_path.glob("*.tgz")
-    assert package.name == f"azure-scheduled-events-exporter-{__version__}.tgz"
+    assert package.name == f"azure-scheduled-events-exporter-{RELEASE}.tgz"
     with tarfile.open(package) as archive:
         names = archive.getnames()
         licence = archive.extractfile("azure-scheduled-events-exporter/LICENSE")
@@ -176,7 +176,7 @@ def test_the_default_pod_template_has_the_full_labels_and_a_revision_limit() -> 
 def test_the_image_comes_from_the_registry_asked_for(args: list[str], image: str) -> None:
     (daemonset,) = [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
     images = {c["image"] for c in containers(daemonset)}  # the init step's too
-    assert images == {f"{image}{__version__}"}, images
+    assert images == {f"{image}{RELEASE}"}, images
 
 
 def test_the_chart_readme_is_generated_from_the_schema() -> None:

@@ -171,6 +171,9 @@ def test_the_startup_line_names_the_ports_actually_bound() -> None:
     with ExporterProcess(env) as proc:
         proc.wait_for(lambda: "polling http" in proc.stderr(), 10, "the start-up line")
         startup = next(x for x in proc.stderr_lines if "polling http" in x)
+        # Which build runs comes first (the version that names its commit).
+        assert f"scheduled_events_exporter: scheduled-events-exporter {__version__} polling " \
+               "http://127.0.0.1:" in startup, startup
         health = re.search(r"health: http://127\.0\.0\.1:(\d+)/healthz", startup)
         scrape = re.search(r"Prometheus http://127\.0\.0\.1:(\d+)/metrics", startup)
         assert health and scrape, startup
@@ -377,8 +380,8 @@ def test_an_env_file_problem_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (("--env-file", str(tmp_path / "missing")), "No such file or directory", 2),
         (("--env-file", str(tmp_path)), "Is a directory", 2),
         (("--env-file", str(latin)), "line 2: not UTF-8", 2),
-        (("--env-file",), "expected [--env-file FILE]...", 2),
-        (("--envfile", str(latin)), "expected [--env-file FILE]...", 2),
+        (("--env-file",), "expected [--unit FILE] [--env-file FILE]...", 2),
+        (("--envfile", str(latin)), "expected [--unit FILE] [--env-file FILE]...", 2),
         (("--env-file", str(dropped)), "line 2: '1SEE_LOG_LEVEL' is not a valid variable name",
          0),
     ):
@@ -386,6 +389,17 @@ def test_an_env_file_problem_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert done.returncode == code, (args, done.stderr)
         assert expected in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_an_env_file_in_latin1_is_read_where_systemd_reads_no_text(tmp_path: Path) -> None:
+    """systemd checks UTF-8 per name and value: a comment (or a line it ignores) written in
+    Latin-1 is no error, a value is."""
+    env_file = tmp_path / "env"
+    env_file.write_bytes("# Exportateur: r\u00e9glages du service\nSEE_SINKS=console\n"
+                         .encode("latin-1"))
+    done = run("check-config", "--env-file", str(env_file))
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert "SEE_SINKS=console\n" in done.stdout
 
 
 def as_nobody(*command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -501,6 +515,8 @@ def test_a_bare_check_config_says_the_units_file_was_not_read(
 
     unit_file = tmp_path / "env"  # stands in for /etc/scheduled-events-exporter/env
     monkeypatch.setattr(cli, "SYSTEMD_ENV_FILE", str(unit_file))
+    service = tmp_path / "scheduled-events-exporter.service"  # and the installed unit
+    monkeypatch.setattr(cli, "SYSTEMD_UNIT_FILE", str(service))
     for name in [n for n in os.environ if n.startswith(("SEE_", "OTEL_"))]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("SEE_STATE_DIR", "")
@@ -512,4 +528,13 @@ def test_a_bare_check_config_says_the_units_file_was_not_read(
         f"configuration warning: {unit_file} exists and was not read: the service reads it, this "
         f"check did not; expected check-config --env-file {unit_file}\n")
     assert cli.main(["check-config", "--env-file", str(unit_file)]) == 0
+    assert capsys.readouterr().err == ""
+    # With the unit installed, the unit is what to read: its Environment= lines too.
+    service.write_text(f"[Service]\nEnvironmentFile=-{unit_file}\nEnvironment=SEE_STATE_DIR=\n",
+                       encoding="utf-8")
+    assert cli.main(["check-config"]) == 0
+    assert capsys.readouterr().err == (
+        f"configuration warning: {unit_file} exists and was not read: the service reads it, this "
+        f"check did not; expected check-config --unit {service}\n")
+    assert cli.main(["check-config", "--unit", str(service)]) == 0
     assert capsys.readouterr().err == ""

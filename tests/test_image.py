@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduled_events_exporter import __version__
 from scheduled_events_exporter.parser import MAX_EVENTS
 from scheduled_events_exporter.simulator import Simulator
 from tests.containers import (
@@ -163,7 +162,7 @@ def test_the_default_image_is_small_shell_less_and_holds_the_locked_closure(
     assert config["User"] == f"{UID}:{UID}"
     assert config["Entrypoint"] == ["scheduled-events-exporter"] and config["Cmd"] == ["run"]
     labels = config["Labels"]
-    assert labels["org.opencontainers.image.version"] == __version__ == LABELS["VERSION"]
+    assert labels["org.opencontainers.image.version"] == LABELS["VERSION"]
     assert labels["org.opencontainers.image.revision"] == LABELS["REVISION"]
     assert labels["org.opencontainers.image.created"] == LABELS["CREATED"]
     assert labels["org.opencontainers.image.licenses"] == "MIT"
@@ -184,10 +183,10 @@ def test_the_default_image_is_small_shell_less_and_holds_the_locked_closure(
     # exporter itself.
     installed = {_canonical(d) for d in seen["distributions"]}
     expected = _locked(seen["python"].rsplit(".", 1)[0]) | {
-        f"azure-scheduled-events-exporter=={__version__}"}
+        f"azure-scheduled-events-exporter=={LABELS['VERSION']}"}
     assert installed == expected, (sorted(installed - expected), sorted(expected - installed))
     version = podman("run", "--rm", "--no-healthcheck", image, "version").stdout.strip()
-    assert version == __version__
+    assert version == LABELS["VERSION"]
     # The MIT text ships beside the code (the wheel's .dist-info/licenses/, PEP 639).
     assert seen["licence"] == [(REPO / "LICENSE").read_text()], seen["licence"]
 
@@ -199,7 +198,7 @@ def test_the_shell_image_is_the_same_exporter_with_a_shell(podman: Podman, image
     assert (seen["uid"], seen["state"], seen["state_owner"]) == (UID, "0o700", UID), seen
     assert seen["python"] == default["python"], "one interpreter in both stages"
     labels = image_json(podman, shell_image)["Config"]["Labels"]  # type: ignore[index]
-    assert labels["org.opencontainers.image.version"] == __version__  # type: ignore[index]
+    assert labels["org.opencontainers.image.version"] == LABELS["VERSION"]  # type: ignore[index]
     print(f"shell image: {int(image_json(podman, shell_image)['Size']) / 1e6:.1f} MB in all; "  # type: ignore[call-overload]
           "layers: " + "; ".join(f"{size / 1e6:.2f} MB {what}"
                                  for size, what in _layers(podman, shell_image)))
@@ -233,7 +232,7 @@ def test_the_sbom_of_the_image_lists_exactly_the_locked_distributions(
     seen = _contents(podman, image)
     # The locked distributions, and the exporter itself (installed from its own wheel).
     expected = _locked(seen["python"].rsplit(".", 1)[0]) | {
-        f"azure-scheduled-events-exporter=={__version__}"}
+        f"azure-scheduled-events-exporter=={LABELS['VERSION']}"}
     assert listed == expected, (sorted(listed - expected), sorted(expected - listed))
     assert {c["type"] for c in sbom["components"]} == {"library"}, sbom["components"][:2]
 
@@ -252,7 +251,7 @@ def test_a_debian_12_builder_leaves_no_installer_in_the_image(
         assert seen["modules"] == [], seen  # no pip, setuptools, wheel or _distutils_hack
         assert not [n for n in seen["bin"] if n.startswith(("pip", "easy_install", "wheel"))], seen
         installed = {_canonical(d) for d in seen["distributions"]}
-        expected = _locked("3.11") | {f"azure-scheduled-events-exporter=={__version__}"}
+        expected = _locked("3.11") | {f"azure-scheduled-events-exporter=={LABELS['VERSION']}"}
         assert installed == expected, (sorted(installed - expected), sorted(expected - installed))
         assert seen["licence"] == [(REPO / "LICENSE").read_text()]
     finally:

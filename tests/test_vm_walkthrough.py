@@ -1,9 +1,12 @@
 """docs/vm.md's walkthrough, its own commands run as far as a machine without systemd as PID 1
-allows: the virtualenv from the system Python (step 3, under a strict umask), the unit and the
-environment file in place and the unit verified by systemd-analyze (step 4), check-config
---env-file as the service sees it (step 5), and the installed command run by another user, as
-the unit's DynamicUser= runs it. The paths move under a temporary root; sudo is dropped (the
-tests run as root). Not tried here: systemctl, journalctl and a real dynamic user."""
+allows: the build and the virtualenv from the system Python (step 3, under a strict umask), the
+unit and the environment file in place and the unit verified by systemd-analyze (step 4),
+check-config --unit as the service sees it (step 5), the installed command run by another user
+as the unit's DynamicUser= runs it, and the upgrade and the rollback. The user's clone is a
+clone of a repository holding this working tree (so the code under test is this tree's,
+committed), to which the test adds the commit an upgrade pulls. The system paths move under a
+temporary root; sudo is dropped (the tests run as root), and systemctl with it. Not tried here:
+systemctl, journalctl and a real dynamic user."""
 
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from scheduled_events_exporter import __version__
+from scheduled_events_exporter import RELEASE
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "vm.md"
@@ -27,114 +31,231 @@ UNIT_DIR = "/etc/systemd/system/"
 ETC = "/etc/scheduled-events-exporter"
 STATE = "/var/lib/scheduled-events-exporter"
 SYSTEM_PYTHON = "/usr/bin/python3"
+UNIT_NAME = "scheduled-events-exporter.service"
+#: A module only the first build has: the upgrade's commit removes it.
+FIRST_ONLY = "src/scheduled_events_exporter/only_in_the_first_build.py"
+#: What a root ``pip install .`` in the clone used to leave there, found by the next build.
+PLANTED = "build/lib/scheduled_events_exporter/left_by_an_old_build.py"
 
 pytestmark = [
-    pytest.mark.timeout(600),
+    pytest.mark.timeout(900),
     pytest.mark.skipif(sys.platform == "win32" or not hasattr(os, "geteuid") or os.geteuid() != 0,
                        reason="the walkthrough is run as root on Linux (sudo dropped)"),
 ]
 
 
-def step(number: int) -> str:
-    """The shell commands of docs/vm.md's step ``number`` (its first bash block)."""
+def section(title: str) -> str:
+    """The shell commands of docs/vm.md's section ``title`` (a regex; its first bash block)."""
     text = DOC.read_text(encoding="utf-8")
-    section = re.search(rf"^## {number}\. .*?(?=^## )", text, re.S | re.M)
-    assert section, f"docs/vm.md has no step {number}"
-    block = re.search(r"```bash\n(.*?)```", section.group(0), re.S)
-    assert block, f"docs/vm.md step {number} has no bash block"
+    found = re.search(rf"^## {title}\n.*?(?=^## |\Z)", text, re.S | re.M)
+    assert found, f"docs/vm.md has no section {title!r}"
+    block = re.search(r"```bash\n(.*?)```", found.group(0), re.S)
+    assert block, f"docs/vm.md's section {title!r} has no bash block"
     return block.group(1)
 
 
+def step(number: int) -> str:
+    """The shell commands of docs/vm.md's step ``number``."""
+    return section(rf"{number}\. .*")
+
+
 def moved(commands: str, root: Path) -> str:
-    """``commands`` with sudo dropped and the system paths under ``root``."""
+    """``commands`` with sudo dropped, systemctl's lines left out (no systemd here) and the
+    system paths under ``root``."""
+    commands = "\n".join(line for line in commands.splitlines()
+                         if not line.startswith("sudo systemctl "))
     commands = re.sub(r"\bsudo (env )?", lambda m: "env " if m.group(1) else "", commands)
     for path in (PREFIX, UNIT_DIR.rstrip("/"), ETC, STATE):
         commands = commands.replace(path, f"{root}{path}")
     return commands
 
 
-def shell(commands: str, *, umask: int = 0o022, timeout: float = 420
+def shell(commands: str, *, cwd: Path, umask: int = 0o022, timeout: float = 600
           ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SEE_", "OTEL_", "VIRTUAL_ENV", "PYTHON"))}
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=REPO, env=env,
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False,
                           umask=umask)
 
 
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid",
+                           *args], cwd=repo, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout.strip()
+
+
+def built(commit: str) -> str:
+    """What ``version`` prints for a build of ``commit`` (untagged)."""
+    return f"{RELEASE}+g{commit[:7]}"
+
+
+@dataclass(frozen=True)
+class Walkthrough:
+    """The temporary root, the upstream repository and the user's clone of it (step 2)."""
+
+    root: Path
+    upstream: Path
+    clone: Path
+    first: str  # the commit step 3 installs
+
+
 @pytest.fixture(scope="module")
-def root() -> Iterator[Path]:
+def walk() -> Iterator[Walkthrough]:
     """A root every user may traverse (pytest's tmp_path is under a 0700 directory), with the
-    walkthrough's step 3 done: the virtualenv installed in its /opt, as root with umask 077
-    (a hardened image's), which the step's own umask must overcome."""
+    walkthrough's step 3 done in the user's clone: the virtualenv installed in its /opt, as
+    root with umask 077 (a hardened image's), which the step's own umask must overcome."""
     if not Path(SYSTEM_PYTHON).exists():
         pytest.skip(f"no system Python at {SYSTEM_PYTHON}")
     with tempfile.TemporaryDirectory(prefix="see-vm-") as top:
         base = Path(top)
         base.chmod(0o755)
+        root, upstream, clone = base / "root", base / "upstream", base / "clone"
         for path in (PREFIX, ETC, STATE):
-            (base / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        (base / UNIT_DIR.lstrip("/")).mkdir(parents=True, mode=0o755)  # systemd's own
-        done = shell(moved(step(3), base), umask=0o077)
+            (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        (root / UNIT_DIR.lstrip("/")).mkdir(parents=True, mode=0o755)  # systemd's own
+        # Upstream: this working tree (tracked and new files, not what git ignores), committed,
+        # with one module more that the next commit removes.
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=REPO, capture_output=True,
+                                check=True, timeout=60).stdout.decode().split("\0")
+        for name in filter(None, listed):
+            source = REPO / name
+            if source.is_symlink() or source.exists():
+                (upstream / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, upstream / name, follow_symlinks=False)
+        (upstream / FIRST_ONLY).write_text('"""Only in the first build."""\n', encoding="utf-8")
+        git(upstream, "init", "-q", "-b", "main")
+        git(upstream, "add", "-A")
+        git(upstream, "commit", "-q", "-m", "what step 3 installs")
+        git(base, "clone", "-q", str(upstream), str(clone))  # step 2
+        done = shell(moved(step(3), root), cwd=clone, umask=0o077)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert done.stdout.strip() == __version__, done.stdout
-        yield base
+        first = git(clone, "rev-parse", "HEAD")
+        assert done.stdout.strip() == built(first), done.stdout
+        yield Walkthrough(root, upstream, clone, first)
 
 
-def test_the_virtualenv_is_made_from_the_system_python(root: Path) -> None:
-    config = (root / PREFIX.lstrip("/") / "pyvenv.cfg").read_text(encoding="utf-8")
+def site_packages(root: Path) -> Path:
+    (found,) = (root / PREFIX.lstrip("/")).glob("lib/python3*/site-packages")
+    return found
+
+
+def install_unit(walk: Walkthrough) -> Path:
+    """Step 4's files in place (not sudoedit, not the verification), the installed unit's paths
+    moved under the temporary root like the files it names."""
+    commands = [line for line in moved(step(4), walk.root).splitlines()
+                if not line.startswith("sudoedit") and "systemd-analyze" not in line]
+    done = shell("\n".join(commands), cwd=walk.clone)
+    assert done.returncode == 0, done.stderr
+    unit = walk.root / UNIT_DIR.lstrip("/") / UNIT_NAME
+    text = unit.read_text(encoding="utf-8")
+    for path in (PREFIX, ETC):
+        text = text.replace(path, f"{walk.root}{path}")
+    unit.write_text(text, encoding="utf-8")
+    return unit
+
+
+def test_the_build_names_its_commit_and_leaves_the_clone_as_it_was(walk: Walkthrough) -> None:
+    assert (site_packages(walk.root) / "scheduled_events_exporter" / "only_in_the_first_build.py"
+            ).is_file()
+    # No build/, no *.egg-info, nothing else: the clone holds only what git tracks.
+    assert git(walk.clone, "status", "--porcelain", "--ignored", "--untracked-files=all") == ""
+
+
+def test_the_virtualenv_is_made_from_the_system_python(walk: Walkthrough) -> None:
+    config = (walk.root / PREFIX.lstrip("/") / "pyvenv.cfg").read_text(encoding="utf-8")
     assert f"home = {Path(SYSTEM_PYTHON).parent}" in config, config
-    assert (root / PREFIX.lstrip("/") / "bin" / "python3").resolve().is_relative_to("/usr")
+    assert (walk.root / PREFIX.lstrip("/") / "bin" / "python3").resolve().is_relative_to("/usr")
 
 
-def test_the_services_user_runs_the_installed_command(root: Path) -> None:
+def test_the_services_user_runs_the_installed_command(walk: Walkthrough) -> None:
     """DynamicUser= gives the service a uid of its own, with no access to root's files: what
     uid 65534 can run, it can (nothing under /root or /home, every file readable)."""
     if shutil.which("setpriv") is None:
         pytest.skip("needs setpriv (util-linux)")
-    command = root / PREFIX.lstrip("/") / "bin" / "scheduled-events-exporter"
+    command = walk.root / PREFIX.lstrip("/") / "bin" / "scheduled-events-exporter"
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            str(command), "version"], capture_output=True, text=True,
                           timeout=60, check=False, env={"PATH": "/usr/bin:/bin"})
-    assert (done.returncode, done.stdout.strip()) == (0, __version__), done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, built(walk.first)), done.stderr
 
 
-def test_the_unit_and_env_file_go_in_place_and_the_unit_verifies(root: Path) -> None:
-    commands = [line for line in moved(step(4), root).splitlines()
-                if not line.startswith("sudoedit")]
+def test_the_unit_and_env_file_go_in_place_and_the_unit_verifies(walk: Walkthrough) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.fail("systemd-analyze missing: .ci/run installs Debian's systemd package")
     # The installed unit runs the installed command, moved under the temporary root like it.
-    unit = root / UNIT_DIR.lstrip("/") / "scheduled-events-exporter.service"
-    install = [c for c in commands if "systemd-analyze" not in c]
-    done = shell("\n".join(install))
-    assert done.returncode == 0, done.stderr
-    unit.write_text(unit.read_text(encoding="utf-8").replace(PREFIX, f"{root}{PREFIX}"),
-                    encoding="utf-8")
-    verify = next(c for c in commands if "systemd-analyze verify" in c)
-    done = shell(verify.replace("systemd-analyze", analyze, 1))
+    unit = install_unit(walk)
+    verify = next(c for c in moved(step(4), walk.root).splitlines()
+                  if "systemd-analyze verify" in c)
+    done = shell(verify.replace("systemd-analyze", analyze, 1), cwd=walk.clone)
     assert (done.returncode, done.stdout + done.stderr) == (0, ""), done.stdout + done.stderr
-    env_file = root / ETC.lstrip("/") / "env"
+    env_file = walk.root / ETC.lstrip("/") / "env"
     assert (env_file.stat().st_mode & 0o777, unit.stat().st_mode & 0o777) == (0o600, 0o644)
 
 
-def test_check_config_as_the_service_sees_it(root: Path) -> None:
-    env_file = root / ETC.lstrip("/") / "env"
-    if not env_file.exists():  # (the test above puts it there; alone, this one does)
-        env_file.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / "config" / "systemd" / "scheduled-events-exporter.env", env_file)
-    done = shell(moved(step(5), root))
+def test_check_config_as_the_service_sees_it(walk: Walkthrough) -> None:
+    """Through the unit: SEE_STATE_DIR from its Environment= line (%S, the system manager's
+    /var/lib), the rest from the file its EnvironmentFile= names; nothing passed by hand."""
+    install_unit(walk)
+    env_file = walk.root / ETC.lstrip("/") / "env"
+    state_existed = Path(STATE).exists()
+    done = shell(moved(step(5), walk.root), cwd=walk.clone)
     assert done.returncode == 0, done.stderr
-    assert done.stderr == "", done.stderr  # the shipped file, as shipped: no warning
+    assert done.stderr == "", done.stderr  # the shipped files, as shipped: no warning
     assert "SEE_SINKS=otlp\n" in done.stdout
     assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318\n" in done.stdout
-    assert f"SEE_STATE_DIR={root}{STATE}\n" in done.stdout
-    assert not (root / STATE.lstrip("/")).exists()  # check-config creates nothing
+    assert f"SEE_STATE_DIR={STATE}\n" in done.stdout
+    assert Path(STATE).exists() == state_existed  # check-config creates nothing
+    assert "SEE_STATE_DIR" not in step(5)
     # A typo in the file is said, in the same run, with the name it meant.
     with env_file.open("a", encoding="utf-8") as f:
         f.write("SEE_POLL_INTERVALL=5\n")
-    typo = shell(moved(step(5), root))
+    typo = shell(moved(step(5), walk.root), cwd=walk.clone)
     assert typo.returncode == 0
     assert "SEE_POLL_INTERVALL is set, but the exporter reads no variable of that name: it " \
            "has no effect; did you mean SEE_POLL_INTERVAL?" in typo.stderr, typo.stderr
+
+
+def test_the_upgrade_and_the_rollback_as_written(walk: Walkthrough) -> None:
+    """The upgrade installs the pulled commit into a fresh virtualenv: the module that commit
+    removed is gone, and a module an old build left in the clone's build/ is not installed. The
+    rollback, given the commit the upgrade's first line printed, brings the first build back.
+    Neither writes into the clone."""
+    install_unit(walk)
+    planted = walk.clone / PLANTED
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("LEFT = True\n", encoding="utf-8")
+    git(walk.upstream, "rm", "-q", FIRST_ONLY)
+    git(walk.upstream, "commit", "-q", "-m", "the upgrade drops a module")
+    second = git(walk.upstream, "rev-parse", "HEAD")
+    package = site_packages(walk.root) / "scheduled_events_exporter"
+
+    upgrade = shell(moved(section("Upgrade"), walk.root), cwd=walk.clone)
+    assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
+    printed = upgrade.stdout.split()
+    assert (printed[0], printed[-1]) == (built(walk.first), built(second)), upgrade.stdout
+    assert not (package / "only_in_the_first_build.py").exists()
+    assert not list(package.rglob("left_by_an_old_build*")), "a stale module was installed"
+    assert git(walk.clone, "status", "--porcelain", "--ignored", "--untracked-files=all") \
+        == "!! build/lib/scheduled_events_exporter/left_by_an_old_build.py"
+
+    rollback = section("Rollback")
+    assert rollback.startswith("previous=56159e4\n"), rollback
+    rollback = rollback.replace("previous=56159e4", f"previous={walk.first[:7]}", 1)
+    done = shell(moved(rollback, walk.root), cwd=walk.clone)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split()[-1] == built(walk.first), done.stdout
+    assert (package / "only_in_the_first_build.py").is_file()
+    assert not list(package.rglob("left_by_an_old_build*"))
+    assert git(walk.clone, "rev-parse", "HEAD") == walk.first
+    # The next upgrade's git lines take the clone back to its branch and its newest commit.
+    lines = [line for line in section("Upgrade").splitlines()
+             if line.startswith(("git switch", "git pull"))]
+    assert lines == ["git switch -q main", "git pull -q --ff-only"], lines
+    done = shell("\n".join(lines), cwd=walk.clone)
+    assert done.returncode == 0, done.stderr
+    assert git(walk.clone, "rev-parse", "HEAD") == second

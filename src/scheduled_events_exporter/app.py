@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scheduled_events_exporter import __version__
 from scheduled_events_exporter.approval_worker import Approver
 from scheduled_events_exporter.boot import continuing, host_boot_id
 from scheduled_events_exporter.config import Config
@@ -252,10 +253,12 @@ class Exporter:
         metrics = ", ".join(
             f"Prometheus http://{config.prometheus_addr[0]}:{scrape_port}/metrics"
             if m == "prometheus" else m for m in config.metrics_exporters) or "none"
+        # The version first: which build runs is the first question about a VM's journal.
         log.info(
-            "polling %s every %g s; records to: %s; metrics to: %s; health: %s; state: %s",
-            config.imds_endpoint, config.poll_interval, ", ".join(config.sinks), metrics,
-            health, config.state_dir or "not kept (SEE_STATE_DIR empty)",
+            "scheduled-events-exporter %s polling %s every %g s; records to: %s; metrics to: %s; "
+            "health: %s; state: %s",
+            __version__, config.imds_endpoint, config.poll_interval, ", ".join(config.sinks),
+            metrics, health, config.state_dir or "not kept (SEE_STATE_DIR empty)",
         )
         self._thread.start()
         if self.scrape is not None:

@@ -123,20 +123,41 @@ def _init_state_dir(args: list[str]) -> int:
 
 #: Where config/systemd/'s unit reads its environment file (EnvironmentFile=).
 SYSTEMD_ENV_FILE = "/etc/scheduled-events-exporter/env"
+#: Where docs/vm.md installs config/systemd/'s unit.
+SYSTEMD_UNIT_FILE = "/etc/systemd/system/scheduled-events-exporter.service"
+#: The names the exporter's settings have (what a shell could set and a service not get).
+_OURS = ("SEE_", "OTEL_")
 
 
 def _check_config(args: list[str]) -> int:
     from pathlib import Path
 
     from scheduled_events_exporter.env_file import EnvFileError, read_env_file
+    from scheduled_events_exporter.unit_env import UnitError, read_unit_environment
 
-    files = args[1::2]
-    if args[0::2] != ["--env-file"] * len(files) or len(args) % 2:
-        print("check-config: expected [--env-file FILE]... (see --help), got "
+    options = list(zip(args[0::2], args[1::2], strict=False))  # (odd: refused below)
+    units = [value for option, value in options if option == "--unit"]
+    files = [value for option, value in options if option == "--env-file"]
+    if len(args) % 2 or len(units) > 1 or len(units) + len(files) != len(options):
+        print("check-config: expected [--unit FILE] [--env-file FILE]... (see --help), got "
               f"{' '.join(args)!r}", file=sys.stderr)
         return EXIT_CONFIG
     env = dict(os.environ)
     notes: list[str] = []
+    if units:
+        # A system service gets its environment from its unit, nothing from this shell.
+        shell = sorted(name for name in env if name.startswith(_OURS))
+        env = {name: value for name, value in env.items() if not name.startswith(_OURS)}
+        try:
+            unit = read_unit_environment(Path(units[0]))
+        except UnitError as exc:
+            print(f"check-config: --unit {units[0]}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        env.update(unit.values)
+        notes.extend(f"{name} is set in this shell, but the service does not get this shell's "
+                     "environment: not checked; expected it in the unit or its environment file"
+                     for name in shell if name not in unit.values)
+        notes.extend(unit.notes)
     for name in files:
         try:
             parsed = read_env_file(Path(name))
@@ -146,9 +167,11 @@ def _check_config(args: list[str]) -> int:
         # As systemd: the file's assignments replace what the unit's Environment= set.
         env.update(parsed.values)
         notes.extend(f"{name}: {note}" for note in parsed.ignored)
-    if not files and sys.platform != "win32" and os.path.isfile(SYSTEMD_ENV_FILE):
+    if not options and sys.platform != "win32" and os.path.isfile(SYSTEMD_ENV_FILE):
+        how = (f"--unit {SYSTEMD_UNIT_FILE}" if os.path.isfile(SYSTEMD_UNIT_FILE)
+               else f"--env-file {SYSTEMD_ENV_FILE}")
         notes.append(f"{SYSTEMD_ENV_FILE} exists and was not read: the service reads it, this "
-                     f"check did not; expected check-config --env-file {SYSTEMD_ENV_FILE}")
+                     f"check did not; expected check-config {how}")
     for note in notes:
         print(f"configuration warning: {note}", file=sys.stderr)
     config = _load(env, create=False)
@@ -214,7 +237,7 @@ def _run_help() -> str:
     return _RUN_HELP.format(variables=textwrap.fill(", ".join(r.name for r in SETTINGS), 96))
 
 
-_CHECK_HELP = """usage: scheduled-events-exporter check-config [--env-file FILE]...
+_CHECK_HELP = """usage: scheduled-events-exporter check-config [--unit FILE] [--env-file FILE]...
 
 Validate the configuration exactly as "run" would (the same variables: see "run --help"), print
 the effective value of every setting with secrets redacted, and exit: 0 when "run" would start,
@@ -224,9 +247,13 @@ and histogram aggregation (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE,
 OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION), which decide the rules file and the
 dashboard setting of an Azure Monitor route (docs/consumption.md, "Pick a route").
 
+--unit FILE: the environment a systemd service gets from its unit FILE (and FILE.d/*.conf):
+its Environment= and EnvironmentFile= lines, in systemd's order and syntax, instead of this
+shell's environment; for the service of docs/vm.md:
+  sudo scheduled-events-exporter check-config \\
+    --unit /etc/systemd/system/scheduled-events-exporter.service
 --env-file FILE: also read FILE, in systemd's EnvironmentFile= syntax (KEY=VALUE lines,
-comments, quotes), over this shell's environment, as the service gets it; for the systemd
-unit: sudo scheduled-events-exporter check-config --env-file /etc/scheduled-events-exporter/env
+comments, quotes), over this shell's environment (or the unit's), as the service gets it.
 Warnings (stderr, as at "run" start) name what is set but has no effect: an unknown SEE_* or
 OTEL_* name, settings of a sink SEE_SINKS does not select, lines systemd would ignore.
 """

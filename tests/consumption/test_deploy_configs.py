@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduled_events_exporter import __version__
+from scheduled_events_exporter import RELEASE
 from tests.consumption import consumption_helpers as ch
 from tests.k8s_tools import PUBLISHED_IMAGE
 
-IMAGE = f"{PUBLISHED_IMAGE}:{__version__}"
+IMAGE = f"{PUBLISHED_IMAGE}:{RELEASE}"
 STATE_DIR = "/var/lib/scheduled-events-exporter"
 KNOWN_ENV = re.compile(
     r"SEE_(IMDS_ENDPOINT|POLL_INTERVAL|SINKS|STATE_DIR|HEALTH_ADDR|EVENTHUB_NAMESPACE|EVENTHUB_NAME"
