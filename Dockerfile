@@ -1,14 +1,19 @@
 # The exporter's images (README, "In a container"; docs/container.md):
 #
-#   runtime (the default): the virtualenv on a base with a Python interpreter and nothing else,
-#           no shell, no package manager (distroless python3-debian13, user nonroot = 65532).
-#   shell:  the same virtualenv on the build stage's base, for approval hooks written as shell
-#           command lines (SEE_APPROVE_HOOK="drain && leave"); published as the -shell tag.
+#   runtime (the default): every route (console, OTLP over HTTP and gRPC, Event Hubs, the
+#           Prometheus scrape) in a virtualenv on a base with a Python interpreter and nothing
+#           else, no shell, no package manager (distroless python3-debian13, user nonroot = 65532).
+#   slim:   the same base with the core alone (console, OTLP over HTTP, the Prometheus scrape):
+#           no gRPC, no Azure SDK, none of their dependencies or advisories; published as the
+#           -slim tag. A gRPC or Event Hubs configuration is refused at start in one line.
+#   shell:  the default's virtualenv on the build stage's base, for approval hooks written as
+#           shell command lines (SEE_APPROVE_HOOK="drain && leave"); published as the -shell tag.
 #
 # BUILDER_IMAGE is a Python with its venv module (Debian 13's python3 is installed when the base
 # lacks it); RUNTIME_IMAGE is the same interpreter at the same path (/usr/bin/python3), so the
 # virtualenv built in one runs in the other. The runtime closure is installed from
-# requirements/runtime.lock with hash checking, the build backend from requirements/build.lock.
+# requirements/runtime.lock (the core) and requirements/extra-*.lock (what the grpc and
+# eventhubs extras add) with hash checking, the build backend from requirements/build.lock.
 # Nothing depends on the CPU architecture: pip takes each platform's wheels.
 # VERSION, REVISION and CREATED fill the OCI labels (the release workflow passes them). VERSION
 # is also the exporter's own version (setup.py checks it against RELEASE in
@@ -32,7 +37,8 @@ RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
         rm -rf /var/lib/apt/lists/*; \
     fi
 
-FROM builder AS build
+# The core's virtualenv (what the slim image ships), built once for every target.
+FROM builder AS build-core
 # A private mirror of the package index, if any: the lock's hashes still decide what installs.
 ARG PIP_INDEX_URL
 ARG VERSION=unknown
@@ -40,19 +46,31 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
+# binutils' strip, for tools/trim_venv.py; in the build stages only (the shell target starts
+# from builder).
+# hadolint ignore=DL3008
+RUN if ! command -v strip >/dev/null; then \
+        apt-get update; \
+        apt-get install -y --no-install-recommends binutils; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi
 WORKDIR /src
 COPY requirements/ ./requirements/
 COPY pyproject.toml setup.py README.md LICENSE ./
 COPY config/scenarios ./config/scenarios
 COPY src ./src
-# The wheel is built by the locked backend in a throwaway virtualenv. The exporter's virtualenv
-# is made without pip (`--without-pip`): what venv would seed differs by builder (pip alone on
-# Debian 13's Python 3.13; pip and setuptools 66 on Debian 12's 3.11), so nothing is seeded and
-# nothing has to be removed. The throwaway virtualenv's pip installs into it (`pip --python`):
-# the locked closure (every file checked against its hash), then the wheel. Bytecode is compiled
-# once here and checked by hash rather than mtime: the root is read-only at run time. The state
-# directory is made here, 0700 for 65532, and copied with its parent (a copy does not set the
-# mode of a directory it creates).
+COPY tools/trim_venv.py ./tools/
+# The wheel is built by the locked backend in a throwaway virtualenv (/tmp/build, never copied
+# into an image). The exporter's virtualenv is made without pip (`--without-pip`): what venv
+# would seed differs by builder (pip alone on Debian 13's Python 3.13; pip and setuptools 66 on
+# Debian 12's 3.11), so nothing is seeded and nothing has to be removed. The throwaway
+# virtualenv's pip installs into it (`pip --python`): the core's locked closure (every file
+# checked against its hash), then the wheel (its version from setup.py: VERSION when given,
+# which also fills the label). tools/trim_venv.py then strips the shared objects,
+# removes type stubs and ships the dependencies as bytecode only (the exporter's own code keeps
+# its sources), all compiled here and checked by hash rather than mtime: the root is read-only
+# at run time. The state directory is made here, 0700 for 65532, and copied with its parent (a
+# copy does not set the mode of a directory it creates).
 RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION="$VERSION"; fi \
  && python3 -m venv /tmp/build \
  && /tmp/build/bin/python -m pip install --require-hashes --no-deps -r requirements/build.lock \
@@ -63,12 +81,19 @@ RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION=
  && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
         install --no-compile --no-deps /tmp/wheel/*.whl \
  && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python check \
- && /opt/scheduled-events-exporter/bin/python -m compileall -q -j 0 \
-        --invalidation-mode unchecked-hash /opt/scheduled-events-exporter/lib \
+ && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter \
  && rm -rf /opt/scheduled-events-exporter/bin/activate* /opt/scheduled-events-exporter/bin/Activate.ps1 \
-        /tmp/build /tmp/wheel \
+        /tmp/wheel \
  && mkdir -p /out/state/scheduled-events-exporter \
  && chmod 0700 /out/state/scheduled-events-exporter
+
+# Every route: the grpc and eventhubs extras' locked layers added to the core's virtualenv.
+FROM build-core AS build
+RUN /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
+        install --no-compile --require-hashes --no-deps \
+        -r requirements/extra-grpc.lock -r requirements/extra-eventhubs.lock \
+ && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python check \
+ && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter
 
 # A shell for shell-form approval hooks: the build stage's base, user 65532 added by hand.
 FROM builder AS shell
@@ -93,6 +118,34 @@ ENV PATH=/opt/scheduled-events-exporter/bin:/usr/local/sbin:/usr/local/bin:/usr/
     SEE_SHUTDOWN_TIMEOUT=5
 COPY --from=build /opt/scheduled-events-exporter /opt/scheduled-events-exporter
 COPY --from=build --chown=65532:65532 /out/state/ /var/lib/
+VOLUME ["/var/lib/scheduled-events-exporter"]
+USER 65532:65532
+EXPOSE 8080
+HEALTHCHECK --interval=30s --timeout=3s --start-period=150s \
+  CMD ["scheduled-events-exporter", "probe"]
+ENTRYPOINT ["scheduled-events-exporter"]
+CMD ["run"]
+
+# The core alone on the default's base: console, OTLP over HTTP, the Prometheus scrape.
+FROM ${RUNTIME_IMAGE} AS slim
+ARG VERSION=unknown
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="azure-scheduled-events-exporter (slim)" \
+      org.opencontainers.image.description="Azure Scheduled Events as OpenTelemetry log records and metrics (OTLP over HTTP, console, Prometheus); without gRPC and Event Hubs" \
+      org.opencontainers.image.source="https://github.com/azure-scheduled-events-exporter/azure-scheduled-events-exporter" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="MIT"
+ENV PATH=/opt/scheduled-events-exporter/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    SEE_STATE_DIR=/var/lib/scheduled-events-exporter \
+    SEE_HEALTH_ADDR=0.0.0.0:8080 \
+    SEE_SHUTDOWN_TIMEOUT=5
+COPY --from=build-core /opt/scheduled-events-exporter /opt/scheduled-events-exporter
+COPY --from=build-core --chown=65532:65532 /out/state/ /var/lib/
 VOLUME ["/var/lib/scheduled-events-exporter"]
 USER 65532:65532
 EXPOSE 8080

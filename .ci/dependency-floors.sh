@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# pyproject.toml states the runtime dependencies as ranges; the main suite runs the newest
-# (requirements/runtime.lock, exact and hashed: what the image and the release install). This
+# pyproject.toml states the runtime dependencies (the core's and the grpc and eventhubs extras')
+# as ranges; the main suite runs the newest (requirements/runtime.lock and
+# requirements/extra-*.lock, exact and hashed: what the images and the release install). This
 # installs the floor of every range at once (the oldest release pip users may get beside other
 # packages) and runs against it the pure tests (as .ci/other-pythons.sh) and every test that
 # touches a dependency: OpenTelemetry (SDK metric reader, log records, Prometheus names, OTLP
@@ -18,7 +19,9 @@ venv=.ci/venvs/floors
 mapfile -t lowest < <(.venv/bin/python - <<'PY'
 import re, sys, tomllib
 with open("pyproject.toml", "rb") as f:
-    deps = tomllib.load(f)["project"]["dependencies"]
+    project = tomllib.load(f)["project"]
+extras = project["optional-dependencies"]
+deps = project["dependencies"] + extras["grpc"] + extras["eventhubs"]
 for dep in deps:
     m = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([^,;\s]+)(,<[^,;\s]+)?", dep)
     if not m:
@@ -31,7 +34,7 @@ api_floor=$(printf '%s\n' "${lowest[@]}" | sed -n 's/^opentelemetry-api==//p')
 # The OTLP exporters' encoder of the same release: tests/test_otlp_proto.py compares ours with it.
 lowest+=("opentelemetry-exporter-otlp-proto-common==$api_floor")
 echo "floors: ${lowest[*]}"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check . "${lowest[@]}" \
+"$venv/bin/python" -m pip install -q --disable-pip-version-check ".[all]" "${lowest[@]}" \
   pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0 hypothesis==6.170.15 rotel==0.0.1a15 \
   pyyaml==6.0.3 python-qpid-proton==0.40.0 2>&1 | { grep -v "^WARNING: Location .* is ignored" || true; }
 # What runs is what was asked for: a resolver that moved a floor up would make this prove nothing.

@@ -2,7 +2,7 @@
 # The Pythons of Azure's stock images besides the main one (3.11, which runs the whole suite):
 # Ubuntu 22.04 has 3.10, Ubuntu 24.04 3.12, and 3.13 is current. For each interpreter the
 # machine already has (pyenv or PATH), from a fresh install of the project's wheel (built once,
-# as `pip install .` would) into its own virtualenv:
+# as `pip install .` would: the core, no extra, which is checked) into its own virtualenv:
 # the pure tests (tracker, parser, config, records, approval rules, simulator) and the demo,
 # which must print scheduled, started, completed and cancelled. rotel-based tests stay on 3.11
 # (its wheel needs a shared libpython that pyenv's 3.12/3.13 builds here lack).
@@ -42,6 +42,15 @@ one() {
   # shellcheck disable=SC2046
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel" $(test_pins "$v") 2>&1 \
     | { grep -v "^WARNING: Location .* is ignored" || true; } | cut -c1-300
+  # The core alone: what only gRPC and Event Hubs need stays out (pyproject.toml's extras).
+  "$venv/bin/python" - <<'PY'
+import importlib.metadata, sys
+extra = sorted(d.metadata["Name"] for d in importlib.metadata.distributions()
+               if d.metadata["Name"].lower().startswith(("grpcio", "azure-", "msal", "cryptography"))
+               and d.metadata["Name"].lower() != "azure-scheduled-events-exporter")
+if extra:
+    sys.exit(f"pip install of the wheel (the core) installed {extra}: those belong to extras")
+PY
   echo "-- python $v: $("$venv/bin/python" -V) pure tests"
   # Run from a copy-free path: the installed wheel, not src/, is what is imported.
   "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" "${PURE_TESTS[@]}" 2>&1 | tail -3

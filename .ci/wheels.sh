@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The locked runtime closure (requirements/runtime.lock) resolves to binary wheels, each with a
+# The locked runtime closure (requirements/runtime.lock and the extras' layers,
+# requirements/extra-*.lock: every route) resolves to binary wheels, each with a
 # hash the lock lists, on every platform the exporter ships for: the container image on Arm64 as
 # well as x86-64 (Azure has Arm64 VMs; the Dockerfile has no architecture-specific step, so a
 # missing wheel would mean a compiler the image lacks), and Windows x64 (docs/windows.md: a
@@ -13,10 +14,10 @@ trap 'rm -rf "$scratch"' EXIT
 # pip evaluates a requirement's markers for the running interpreter, not the target: keep the
 # lock's entries that apply to the target (with their hashes), markers evaluated for it.
 only_for() {  # only_for PLATFORM PYTHON > requirements
-  .venv/bin/python - "$1" "$2" requirements/runtime.lock <<'PY'
+  .venv/bin/python - "$1" "$2" requirements/runtime.lock requirements/extra-*.lock <<'PY'
 import re, sys
 from packaging.requirements import Requirement
-platform, python, lock = sys.argv[1:]
+platform, python, *locks = sys.argv[1:]
 windows = platform.startswith("win")
 env = {"python_version": python, "python_full_version": python + ".0",
        "sys_platform": "win32" if windows else "linux",
@@ -24,7 +25,8 @@ env = {"python_version": python, "python_full_version": python + ".0",
        "platform_machine": "AMD64" if windows else platform.split("_", 3)[-1],
        "os_name": "nt" if windows else "posix", "implementation_name": "cpython",
        "platform_python_implementation": "CPython"}
-for entry in re.split(r"\n(?=[A-Za-z0-9])", open(lock).read()):
+text = "\n".join(open(lock).read() for lock in locks)
+for entry in re.split(r"\n(?=[A-Za-z0-9])", text):
     first, _, hashes = entry.partition(" \\")
     if not first.strip() or first.startswith("#"):
         continue

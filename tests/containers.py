@@ -3,13 +3,15 @@
 No registry is reachable here, so both bases are made of Debian 13 (trixie) packages with
 ``mmdebstrap`` and imported into podman: the builder (``BUILDER_IMAGE``) a minbase with
 ``python3``, ``python3-venv`` and CA certificates; the runtime (``RUNTIME_IMAGE``) what
-distroless ``python3-debian13`` is: the interpreter's packages unpacked without running any
+distroless ``python3-debian13`` is: the interpreter's packages and the C++ runtime distroless
+``cc`` adds for C extensions (gRPC's needs ``libstdc++``), unpacked without running any
 maintainer script (no shell, no dpkg, no coreutils), plus what distroless adds by hand (the
 merged-``/usr`` links, ``/usr/bin/python3``, a CA bundle, ``root`` and ``nonroot`` (65532) in
 passwd and group, a 1777 ``/tmp``). Podman's settings live in a ``containers.conf`` that only
 the tests use (``CONTAINERS_CONF``): ``runc`` (``crun`` fails on this kind of machine's hybrid
 cgroups) and ulimits within the machine's hard limits. ``.ci/run`` installs podman, runc,
-mmdebstrap and catatonit; without them the tests skip.
+mmdebstrap and catatonit; without them the tests skip. ``SEE_TEST_IMAGE_TAG`` (default ``test``)
+names the images built, so that two checkouts can run the image tests side by side.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ from tests.k8s_tools import PUBLISHED_IMAGE
 REPO = Path(__file__).resolve().parents[1]
 #: The bases the test images are built on (``mmdebstrap``; see :func:`ensure_bases`).
 BUILDER_BASE = "localhost/see-test-builder:trixie"
-RUNTIME_BASE = "localhost/see-test-runtime:trixie"
-#: The images under test: the default target (shell-less) and the ``shell`` target.
-IMAGE = "localhost/scheduled-events-exporter:test"
-SHELL_IMAGE = "localhost/scheduled-events-exporter:test-shell"
+#: (``-cc``: with distroless cc's packages; a base made before they were added has another name.)
+RUNTIME_BASE = "localhost/see-test-runtime:trixie-cc"
+_TAG = os.environ.get("SEE_TEST_IMAGE_TAG", "test")
+#: The images under test: the default target (shell-less, every route), the ``slim`` target
+#: (the core alone) and the ``shell`` target.
+IMAGE = f"localhost/scheduled-events-exporter:{_TAG}"
+SLIM_IMAGE = f"localhost/scheduled-events-exporter:{_TAG}-slim"
+SHELL_IMAGE = f"localhost/scheduled-events-exporter:{_TAG}-shell"
 #: What the chart and ``config/k8s/`` name as the exporter's image (tagged to the built one).
 MANIFEST_IMAGE = f"{PUBLISHED_IMAGE}:{RELEASE}"
 STATE = "/var/lib/scheduled-events-exporter"
@@ -113,14 +119,16 @@ def _mmdebstrap(podman: Podman, name: str, workdir: Path, args: list[str],
 
 
 def ensure_bases(podman: Podman, workdir: Path) -> None:
-    """Build :data:`BUILDER_BASE` (~45 s, ~167 MB) and :data:`RUNTIME_BASE` (~10 s, ~51 MB) from
+    """Build :data:`BUILDER_BASE` (~45 s, ~167 MB) and :data:`RUNTIME_BASE` (~10 s, ~56 MB) from
     Debian 13 packages unless podman already has them."""
     if not podman.exists(BUILDER_BASE):
         _mmdebstrap(podman, BUILDER_BASE, workdir,
                     ["--variant=minbase", "--include=python3,python3-venv,ca-certificates"])
     if not podman.exists(RUNTIME_BASE):
         _mmdebstrap(podman, RUNTIME_BASE, workdir, [
-            "--variant=extract", "--include=python3.13-minimal,libpython3.13-stdlib,netbase",
+            # distroless python3 is built on distroless cc: libstdc++6, libgomp1, libgcc-s1.
+            "--variant=extract", "--include=python3.13-minimal,libpython3.13-stdlib,netbase,"
+            "libstdc++6,libgomp1,libgcc-s1",
             *(f"--extract-hook={hook}" for hook in _RUNTIME_TOUCHES)])
 
 

@@ -179,6 +179,52 @@ def test_the_image_comes_from_the_registry_asked_for(args: list[str], image: str
     assert images == {f"{image}{RELEASE}"}, images
 
 
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(("args", "tag"), [
+    ([], f":{RELEASE}"),
+    (["--set", "image.flavor=default"], f":{RELEASE}"),
+    (["--set", "image.flavor=slim"], f":{RELEASE}-slim"),
+    (["--set", "image.flavor=shell"], f":{RELEASE}-shell"),
+    (["--set", "image.flavor=slim", "--set", "image.tag=1.2.3"], ":1.2.3-slim"),
+    # A tag that names the flavor already is not given the suffix twice.
+    (["--set", "image.flavor=slim", "--set", "image.tag=1.2.3-slim"], ":1.2.3-slim"),
+    (["--set", "image.flavor=slim", "--set", f"image.digest={DIGEST}"],
+     f":{RELEASE}-slim@{DIGEST}"),
+], ids=["default", "default named", "slim", "shell", "slim of a tag", "slim tag as given",
+        "slim by digest"])
+def test_the_image_flavor_picks_the_tag(args: list[str], tag: str) -> None:
+    (daemonset,) = [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
+    images = {c["image"] for c in containers(daemonset)}  # the init step's too
+    assert images == {
+        f"ghcr.io/azure-scheduled-events-exporter/azure-scheduled-events-exporter{tag}"}, images
+
+
+def test_an_unknown_image_flavor_is_refused() -> None:
+    done = helm("template", "x", str(CHART), "--set", "image.flavor=tiny", check=False)
+    assert done.returncode != 0 and "/image/flavor': value must be one of 'default', 'slim', " \
+        "'shell'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("args", "misfit"), [
+    (["--set", "image.flavor=slim", "-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
+     "to Event Hubs"),
+    (["--set", "image.flavor=slim", "--set", "otlp.enabled=true",
+      "--set", "otlp.protocol=grpc", "--set", "otlp.endpoint=http://collector:4317"],
+     "OTLP over gRPC"),
+    (["--set", "image.flavor=slim", "--set", "otlp.enabled=true"], None),
+    (["-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")], None),
+], ids=["slim with event hubs", "slim with grpc", "slim with otlp/http", "default with event hubs"])
+def test_notes_say_when_the_slim_image_does_not_fit(args: list[str], misfit: str | None) -> None:
+    text = notes(*args)
+    if misfit is None:
+        assert "does not fit" not in text, text
+    else:
+        assert "Image flavor: slim does not fit these values" in text, text
+        assert f"this release sends {misfit}" in text and "--set image.flavor=default" in text
+
+
 def test_the_chart_readme_is_generated_from_the_schema() -> None:
     done = run(sys.executable, str(REPO / "tools" / "chart_readme.py"), "--check", check=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -582,7 +628,7 @@ def test_the_release_workflow_refuses_a_tag_while_the_chart_says_no_release(
             text = "".join(line for line in text.splitlines(keepends=True)
                            if NO_RELEASE not in line)
         (tmp_path / name).write_text(text, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-", __version__], input=script, cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-", RELEASE], input=script, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == (1 if annotated else 0), done.stdout + done.stderr
     assert (NO_RELEASE in done.stdout) == annotated, done.stdout
@@ -714,7 +760,7 @@ def test_kustomize_builds_valid_objects(overlay: Path) -> None:
 
 
 def test_the_overlays_do_what_they_say() -> None:
-    assert {p.name for p in OVERLAYS} >= {"host-network", "image"}
+    assert {p.name for p in OVERLAYS} >= {"host-network", "image", "slim"}
     host = documents(run(tool("kubectl"), "kustomize", str(KUSTOMIZE / "overlays" /
                                                             "host-network")).stdout)
     (daemonset,) = [d for d in host if d["kind"] == "DaemonSet"]
@@ -734,6 +780,12 @@ def test_the_overlays_do_what_they_say() -> None:
     images = {c["image"] for c in containers(daemonset)}
     assert len(images) == 1 and images.pop().startswith(
         "myregistry.azurecr.io/azure-scheduled-events-exporter@sha256:")
+    slim = documents(run(tool("kubectl"), "kustomize", str(KUSTOMIZE / "overlays" /
+                                                            "slim")).stdout)
+    (daemonset,) = [d for d in slim if d["kind"] == "DaemonSet"]
+    # The chart's slim image, for the exporter and its init step alike.
+    assert {c["image"] for c in containers(daemonset)} == {exporter(rendered(
+        None, "--set", "image.flavor=slim"))["image"]}
 
 
 def test_kustomize_outputs_pass_checkov(tmp_path: Path) -> None:

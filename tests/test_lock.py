@@ -1,7 +1,8 @@
-"""The lock (requirements/runtime.lock, requirements/build.lock; tools/lock.py) is the whole
-closure ``pyproject.toml`` asks for, one hashed version per distribution and environment:
-checked offline against the declared requirements, and by resolving again as of the date the
-lock records (a change to ``pyproject.toml`` without a new lock fails)."""
+"""The lock (requirements/runtime.lock, the extras' layers requirements/extra-*.lock,
+requirements/build.lock; tools/lock.py) is the whole closure ``pyproject.toml`` asks for, for
+the core and for every combination of extras, one hashed version per distribution and
+environment: checked offline against the declared requirements, and by resolving again as of
+the date the lock records (a change to ``pyproject.toml`` without a new lock fails)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = REPO / "requirements" / "runtime.lock"
+#: What each extra adds to the core (tools/lock.py cuts them from one resolution).
+EXTRA_LOCKS = {extra: REPO / "requirements" / f"extra-{extra}.lock"
+               for extra in ("grpc", "eventhubs")}
 BUILD = REPO / "requirements" / "build.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+#: What only the extras may bring: gRPC, the Azure SDK, and what azure-identity pulls in.
+NOT_IN_THE_CORE = ("grpcio", "azure-", "msal", "cryptography", "cffi", "pyjwt", "requests")
 #: The environments the lock serves: the image (Python 3.13, x86-64 and Arm64), the systemd
 #: unit on Ubuntu 22.04 and 24.04 (3.10, 3.12), the Windows service, CI's 3.11.
 ENVIRONMENTS = [
@@ -76,18 +82,62 @@ def unmet(requirements: list[str], locked: list[Pin]) -> list[str]:
     return problems
 
 
-def test_every_runtime_requirement_is_locked_once_per_environment() -> None:
-    locked = pins(RUNTIME.read_text())
-    assert unmet(PYPROJECT["project"]["dependencies"], locked) == []
-    assert unmet(PYPROJECT["build-system"]["requires"], pins(BUILD.read_text())) == []
+def requirements_of(extras: tuple[str, ...]) -> list[str]:
+    """The core's requirements and those of ``extras``, an extra that names others (``all``:
+    ``azure-scheduled-events-exporter[grpc,eventhubs]``) expanded."""
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    found = list(PYPROJECT["project"]["dependencies"])
+    todo = list(extras)
+    while todo:
+        for text in optional[todo.pop()]:
+            requirement = Requirement(text)
+            if canonicalize_name(requirement.name) == "azure-scheduled-events-exporter":
+                todo.extend(requirement.extras)
+            else:
+                found.append(text)
+    return found
+
+
+def locked_for(extras: tuple[str, ...]) -> list[Pin]:
+    """What an install with ``extras`` takes: the core lock and the layers of its extras."""
+    return [*pins(RUNTIME.read_text()),
+            *(p for extra in extras for p in pins(EXTRA_LOCKS[extra].read_text()))]
+
+
+COMBINATIONS = [(), ("grpc",), ("eventhubs",), ("grpc", "eventhubs")]
+
+
+@pytest.mark.parametrize("extras", COMBINATIONS, ids=lambda e: "+".join(("core", *e)))
+def test_every_runtime_requirement_is_locked_once_per_environment(
+        extras: tuple[str, ...]) -> None:
+    locked = locked_for(extras)
+    assert unmet(requirements_of(extras), locked) == []
     for env in ENVIRONMENTS:  # one version of each distribution per environment
         names = [p.name for p in locked if p.marker is None or p.marker.evaluate(env)]
         assert len(names) == len(set(names)), env
 
 
+def test_the_all_extra_is_every_layer_and_the_build_is_locked() -> None:
+    assert sorted(requirements_of(("all",))) == sorted(requirements_of(("grpc", "eventhubs")))
+    assert unmet(PYPROJECT["build-system"]["requires"], pins(BUILD.read_text())) == []
+
+
+def test_the_core_lock_carries_neither_grpc_nor_the_azure_sdk() -> None:
+    """The core (pip install without extras, the slim image) stores none of the packages only
+    gRPC and Event Hubs need, and so inherits none of their advisories; each layer holds only
+    what its extra adds."""
+    core = {p.name for p in pins(RUNTIME.read_text())}
+    assert not {n for n in core if n.startswith(NOT_IN_THE_CORE)}, sorted(core)
+    grpc, eventhubs = ({p.name for p in pins(path.read_text())}
+                       for path in EXTRA_LOCKS.values())
+    assert grpc == {"grpcio"}, grpc
+    assert {"azure-eventhub", "azure-identity", "msal", "cryptography"} <= eventhubs
+    assert not eventhubs & core and not grpc & core and not grpc & eventhubs
+
+
 def test_every_locked_distribution_carries_hashes() -> None:
     # The release workflow's tools too (requirements/release.lock: build, cyclonedx-bom).
-    for path in (RUNTIME, BUILD, REPO / "requirements" / "release.lock"):
+    for path in (RUNTIME, *EXTRA_LOCKS.values(), BUILD, REPO / "requirements" / "release.lock"):
         for pin in pins(path.read_text()):
             assert pin.hashes >= 1, f"{path.name}: {pin.name} has no hash"
 

@@ -389,7 +389,8 @@ def test_renovate_finds_every_pin_it_is_meant_to_move(tmp_path: Path) -> None:
              for manager, files in repository["packageFiles"].items() for f in files}
     bases = {d["depName"]: d for d in found[("dockerfile", "Dockerfile")] if d.get("currentDigest")}
     assert set(bases) == {"docker.io/library/debian", "gcr.io/distroless/python3-debian13"}, bases
-    for lock in ("requirements/runtime.lock", "requirements/build.lock"):
+    for lock in ("requirements/runtime.lock", "requirements/extra-grpc.lock",
+                 "requirements/extra-eventhubs.lock", "requirements/build.lock"):
         names = {d["depName"] for d in found[("pip_requirements", lock)]}
         assert names and all(d["currentValue"].startswith("==")
                              for d in found[("pip_requirements", lock)]), lock
@@ -399,6 +400,7 @@ def test_renovate_finds_every_pin_it_is_meant_to_move(tmp_path: Path) -> None:
     assert ("project.dependencies", "urllib3") in pyproject
     assert ("build-system.requires", "setuptools") in pyproject
     assert ("project.optional-dependencies", "pytest") in pyproject
+    assert ("project.optional-dependencies", "grpcio") in pyproject
     actions = found[("github-actions", ".github/workflows/release.yml")]
     assert any(d["depName"] == "sigstore/cosign-installer" and d.get("currentDigest")
                for d in actions)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
 
-from scheduled_events_exporter import api_versions, otlp_settings
+from scheduled_events_exporter import api_versions, extras, otlp_settings
 from scheduled_events_exporter.approval_rules import (
     RULES_EXPECTED,
     ApprovalConfig,
@@ -624,6 +624,9 @@ def _checks(config: Config, env: Mapping[str, str], *, create: bool
         for signal in ("logs", "metrics"))
     # A variable both signals read (the general ones) is reported once.
     problems.extend(dict.fromkeys([*logs_problems, *metrics_problems]))
+    if "otlp" in sinks:
+        problems.extend(_check_grpc_library(
+            env, [logs, *([metrics] if "otlp" in config.metrics_exporters else [])]))
     temporality, temporality_problems = otlp_settings.temporality(env)
     problems.extend(temporality_problems)
     aggregation, aggregation_problems = otlp_settings.histogram_aggregation(env)
@@ -771,27 +774,28 @@ def _eventhubs_warnings(config: Config) -> list[str]:
 
 
 def _check_eventhubs_library(sinks: tuple[str, ...], *, need_identity: bool) -> list[str]:
-    """The Event Hubs sink's packages are regular dependencies, but a trimmed install (or an
-    old one made without them) must fail as a configuration error, not with a traceback."""
-    # The ranges of pyproject.toml (tests/test_missing_eventhubs.py keeps them equal).
-    missing: list[tuple[str, str]] = []
-    try:
-        import azure.eventhub
-    except ImportError:
-        missing.append(("azure-eventhub", ">=5.12.0,<6"))
-    if need_identity:
-        try:
-            import azure.identity  # noqa: F401
-        except ImportError:
-            missing.append(("azure-identity", ">=1.16.1,<2"))
-    if not missing:
+    """The Event Hubs sink's packages come with the eventhubs extra: an install without it (the
+    core, the slim image) refuses the sink as a configuration error, not with a traceback.
+    azure-identity is needed only without a connection string (managed identity)."""
+    modules = ("azure.eventhub", "azure.identity") if need_identity else ("azure.eventhub",)
+    absent = extras.missing(extras.EVENTHUBS, modules)
+    if not absent:
         return []
-    names = " and ".join(name for name, _ in missing)
-    return [f"SEE_SINKS={','.join(sinks)!r}: the eventhubs sink needs {names}, which "
-            f"{'are' if len(missing) > 1 else 'is'} not installed; expected "
-            f"{'them' if len(missing) > 1 else 'it'} installed "
-            f"(pip install {' '.join(repr(name + spec) for name, spec in missing)}) or eventhubs "
-            "removed from SEE_SINKS"]
+    return [extras.problem(f"SEE_SINKS={','.join(sinks)!r}", "the eventhubs sink",
+                           extras.EVENTHUBS, absent, "eventhubs removed from SEE_SINKS")]
+
+
+def _check_grpc_library(env: Mapping[str, str], targets: list[OtlpTarget]) -> list[str]:
+    """OTLP over gRPC comes with the grpc extra: a signal sent over gRPC by an install without
+    it is refused in one line naming the variable that chose gRPC."""
+    chosen = list(dict.fromkeys(otlp_settings.protocol_variable(env, target.signal)
+                                for target in targets if target.protocol == "grpc"))
+    absent = extras.missing(extras.GRPC) if chosen else []
+    if not absent:
+        return []
+    return [extras.problem(", ".join(f"{name}='grpc'" for name in chosen), "OTLP over gRPC",
+                           extras.GRPC, absent,
+                           f"{' and '.join(chosen)}=http/protobuf (the collector's port 4318)")]
 
 
 def _could_write(path: Path) -> str:

@@ -94,6 +94,11 @@ def _pick(env: Mapping[str, str], signal: str, key: str) -> tuple[str, str]:
     return f"OTEL_EXPORTER_OTLP_{key}", ""
 
 
+def protocol_variable(env: Mapping[str, str], signal: str) -> str:
+    """The variable that decides ``signal``'s protocol: its own if set, else the general one."""
+    return _pick(env, signal, "PROTOCOL")[0]
+
+
 class HeaderError(ValueError):
     """Malformed ``..._HEADERS`` items, one message each (``problems``); each names the key (if
     any), never a value."""

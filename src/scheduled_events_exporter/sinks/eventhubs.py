@@ -31,6 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.delivery.outcome import DeliveryError, FailureCounter
+from scheduled_events_exporter.extras import EVENTHUBS
 from scheduled_events_exporter.records import TransitionRecord, rfc3339, to_columns
 from scheduled_events_exporter.sinks.hub_sender import (
     SEND_DEADLINE,
@@ -221,7 +222,7 @@ def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> Even
     except ImportError:
         # load_config() reports this as a configuration error first; kept for direct callers.
         raise RuntimeError("SEE_SINKS includes eventhubs but azure-eventhub is not installed: "
-                           "pip install 'azure-eventhub>=5.12.0,<6'") from None
+                           f"{EVENTHUBS.install}") from None
     if config.log_level != "DEBUG":
         # The SDK logs every connection state change and retry at INFO; our sink reports
         # failures once per streak, without the SDK's multi-line exception texts.
