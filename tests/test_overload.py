@@ -6,16 +6,13 @@ the real exporter process against the scripted OTLP/HTTP and OTLP/gRPC peers.
 * ``RESOURCE_EXHAUSTED`` without ``RetryInfo`` after an accepted request is "busy": retried
   with backoff, nothing dead-lettered, everything delivered in order afterwards;
 * a burst during a 2 s overload is split after backoffs, and the request bound grows back;
-* a collector that refuses everything makes ``/readyz`` say the sink is failing;
-* ``redeliver`` sends what a refusing collector had dead-lettered once it is fixed, with the
-  original ``log.record.uid``.
+* a collector that refuses everything makes ``/readyz`` say the sink is failing
+  (``redeliver``, which sends its dead letters on once it is fixed: tests/test_redeliver.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from typing import Any
 import pytest
 
 from scheduled_events_exporter.simulator import Simulator
-from tests.exporter_process import ExporterProcess, clean_env, wait_until
+from tests.exporter_process import ExporterProcess, wait_until
 from tests.peers.otlp_standin import OtlpGrpcStandIn, OtlpHttpStandIn, Reply
 from tests.test_otlp_conformance import (
     asctime_date,
@@ -171,104 +168,3 @@ def test_a_collector_that_refuses_everything_makes_the_sink_failing(
         assert status == 503 and said[0] in body["reasons"]
     else:
         assert status == 200 and said[0] in body["warnings"]
-
-
-def redeliver(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduled_events_exporter", "redeliver",
-                           *args], env=env, capture_output=True, text=True, timeout=60)
-
-
-@pytest.mark.timeout(150)
-def test_redeliver_sends_what_a_refusing_collector_dead_lettered_once_it_is_fixed(
-        sim: Simulator, tmp_path: Path) -> None:
-    refusing = [True]
-    with OtlpHttpStandIn(lambda ids: 400 if refusing[0] else None) as collector:
-        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
-        events = [event(f"D-{i}") for i in range(3)]
-        with ExporterProcess(env) as proc:
-            sim.set_events(events)
-            wait_until(lambda: len(dead_letters(tmp_path)) == 3, 40, "three dead letters")
-            # Beside a running exporter it says it cannot, and changes nothing.
-            busy = redeliver(env)
-            assert busy.returncode == 3, busy
-            assert "stop it" in busy.stderr and "in use by another exporter" in busy.stderr
-            assert proc.terminate() == 0
-        letters = dead_letters(tmp_path)
-        uids = [letter["record_id"] for letter in letters]
-        assert all("redelivered" not in letter for letter in letters)
-
-        listed = redeliver(env, "--dry-run")
-        assert listed.returncode == 0, listed
-        assert listed.stdout.count("would redeliver:") == 3 and all(u in listed.stdout
-                                                                    for u in uids)
-        assert dead_letters(tmp_path) == letters, "a dry run changed the file"
-
-        refusing[0] = False  # the collector is fixed
-        done = redeliver(env, "--sink", "otlp")
-        assert done.returncode == 0, done
-        print(done.stdout, done.stderr, file=sys.stderr)
-        assert done.stdout.count("redelivered:") == 3
-        assert all("redelivered" in letter for letter in dead_letters(tmp_path))
-        again = redeliver(env)
-        assert again.stdout.count("skipped:") == 3 and "already redelivered" in again.stdout
-
-        with ExporterProcess(env) as proc:
-            collector.wait_for(lambda a: len(a) >= 3, 30, "the redelivered records")
-            time.sleep(1.0)  # a few more polls: nothing else arrives
-            assert proc.terminate() == 0
-    got = [a.uid for a in collector.accepted]
-    assert sorted(got) == sorted(uids) and len(got) == 3, got
-    assert [a.event_id for a in collector.accepted] == ["D-0", "D-1", "D-2"]
-
-
-@pytest.mark.timeout(150)
-def test_redeliver_at_the_next_start_needs_no_stopped_exporter(
-        sim: Simulator, tmp_path: Path) -> None:
-    refusing = [True]
-    with OtlpHttpStandIn(lambda ids: 400 if refusing[0] else None) as collector:
-        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
-        with ExporterProcess(env) as proc:
-            sim.set_events([event("N-0"), event("N-1")])
-            wait_until(lambda: len(dead_letters(tmp_path)) == 2, 40, "two dead letters")
-            asked = redeliver(env, "--at-next-start", "--event-id", "N-1")
-            assert asked.returncode == 0, asked
-            assert "carries it out at its next start" in asked.stderr
-            refusing[0] = False
-            assert proc.terminate() == 0
-        with ExporterProcess(env) as proc:
-            collector.wait_for(lambda a: len(a) >= 1, 30, "N-1 redelivered")
-            time.sleep(1.0)
-            assert proc.terminate() == 0
-    assert [a.event_id for a in collector.accepted] == ["N-1"]
-    assert "redeliver request carried out: 1 records put back" in proc.stderr()
-    assert not (tmp_path / "state" / "redeliver-request.json").exists()
-    marked = {letter["event_id"]: "redelivered" in letter for letter in dead_letters(tmp_path)}
-    assert marked == {"N-0": False, "N-1": True}
-
-
-def test_redeliver_refuses_bad_arguments(tmp_path: Path) -> None:
-    env = clean_env(SEE_STATE_DIR=str(tmp_path))
-    for args, said in [(["--sink", "kafka"], "expected one of console, eventhubs, otlp"),
-                       (["--since", "yesterday"], "expected an RFC 3339 time"),
-                       (["--since", "2026-11-27T10:00:00"], "with a UTC offset"),
-                       (["--wait", "-1"], "expected 0 to 3600 seconds"),
-                       (["--event-id"], "without a value"),
-                       (["--dry-run", "--at-next-start"], "exclude each other"),
-                       (["--frobnicate"], "unexpected '--frobnicate'")]:
-        result = redeliver(env, *args)
-        assert result.returncode == 2 and said in result.stderr, (args, result.stderr)
-    missing = redeliver(clean_env(SEE_STATE_DIR=str(tmp_path / "absent")))
-    assert missing.returncode == 1 and "no such state directory" in missing.stderr
-
-
-def test_a_damaged_redeliver_request_stops_the_start_and_stays(
-        sim: Simulator, tmp_path: Path) -> None:
-    env = otlp_env(sim, tmp_path, "http://127.0.0.1:9", "http/protobuf")
-    request = tmp_path / "state" / "redeliver-request.json"
-    request.write_text("{not json")
-    with ExporterProcess(env) as proc:
-        proc.wait_for(lambda: proc.proc.poll() is not None, 30, "the refusal")
-    assert proc.proc.returncode == 1
-    assert "the redeliver request could not be carried out" in proc.stderr()
-    assert request.read_text() == "{not json"
-

@@ -87,6 +87,11 @@ def main(args: list[str]) -> int:
         print(f"redeliver: {directory}: no such state directory (expected SEE_STATE_DIR or "
               "--state-dir to name the exporter's)", file=sys.stderr)
         return 1
+    try:
+        directory = _as_owner(directory)
+    except OSError as exc:
+        print(f"redeliver: cannot become the owner of {directory}: {exc}", file=sys.stderr)
+        return 1
     if "--dry-run" in options and "--at-next-start" in options:
         return _usage("--dry-run and --at-next-start exclude each other")
     if "--dry-run" in options:
@@ -124,6 +129,26 @@ def main(args: list[str]) -> int:
     finally:
         lock.release()
     return _report(chosen, applied=applied)
+
+
+def _as_owner(directory: Path) -> Path:
+    """Run as the state directory's owner when started as root (POSIX): every file this command
+    writes must stay the service's (a systemd unit's dynamic user, the image's 65532), or the
+    exporter could no longer write its own spool. It changes into the directory first, as
+    root, because its parents may be closed to that user (systemd keeps a dynamic user's state
+    under a 0700 /var/lib/private), and from then on works on ``.``."""
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return directory
+    owner = directory.stat()
+    if owner.st_uid == 0:
+        return directory
+    os.chdir(directory)
+    os.setgroups([])
+    os.setgid(owner.st_gid)
+    os.setuid(owner.st_uid)
+    print(f"redeliver: running as the state directory's owner (uid {owner.st_uid})",
+          file=sys.stderr)
+    return Path(".")
 
 
 def _since(text: str | None) -> datetime | None:
