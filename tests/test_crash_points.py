@@ -143,7 +143,7 @@ def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     # the two unreadable letters). The restarts do not rotate it again (record_run restores
     # the bound): a second rotation drops the oldest letters by design (the file's bound).
     monkeypatch.setattr(worker_module, "MAX_BATCH", 1)
-    monkeypatch.setattr(letters_module, "MAX_BYTES", 3000)
+    monkeypatch.setattr(letters_module, "MAX_BYTES", 4000)
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,9 @@ def check_point(recording: Recording, point: CrashPoint, files: dict[str, bytes]
         if r.record_id in delivered_before:
             assert r.seq > acked, (f"{what}: {r.record_id} was acknowledged (cursor {acked}) "
                                    "and sent again")
-    assert FOREIGN in lettered, f"{what}: the other release's line was dropped"
+    assert FOREIGN in lettered, (
+        f"{what}: the other release's line was dropped; steps around it: "
+        f"{[(i, s.kind, s.path, s.target, len(s.data)) for i, s in enumerate(recording.steps) if point.index - 12 <= i <= point.index + 2]}")
     assert FOREIGN_OUTBOX in lettered, f"{what}: the other release's outbox record was dropped"
     assert "rid-1" not in after, f"{what}: an acknowledged record was sent again"
     # A second start finds nothing to do: nothing left half-written.
@@ -311,6 +313,9 @@ def test_every_crash_point_of_every_durable_write(tmp_path: Path, small_bounds: 
     runs = work_dir(tmp_path, "run")
     root = next(runs)
     recording = record_run(root)
+    rotations = [s for s in recording.steps if s.kind == "rename" and s.target.endswith(".1")]
+    assert len(rotations) == 1, (f"{len(rotations)} rotations of the dead-letter file: resize "
+                                 "small_bounds' MAX_BYTES to the letters' size")
     kinds = {s.kind for s in recording.steps}
     assert {"create", "write", "fsync", "truncate", "rename", "dirsync"} <= kinds, kinds
     seen: dict[str, None] = {}

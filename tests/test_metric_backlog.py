@@ -297,13 +297,20 @@ def test_the_signals_share_a_pause_when_they_go_to_the_same_authority(
 ])
 def test_the_sink_gives_both_signals_one_pause_per_collector(
         tmp_path: Path, metrics: str, shared: bool) -> None:
+    # Each signal's pause is set by its own answers; metric exports also wait out the logs'
+    # pause of the same collector, never the other way round (docs/decisions.md).
     config = load_config({"SEE_SINKS": "otlp", "SEE_STATE_DIR": str(tmp_path),
                           "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://127.0.0.1:4318/v1/logs",
                           "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": metrics})
     sink = OtlpSink(config, lambda *_: None)
     try:
         assert isinstance(sink._logs_pause, Pause) and isinstance(sink._metrics_pause, Pause)
-        assert (sink._logs_pause is sink._metrics_pause) is shared
+        assert sink._logs_pause is not sink._metrics_pause
+        (reader,) = sink.metric_readers()
+        exporter = reader.exporter
+        assert isinstance(exporter, OtlpMetricExporter)
+        assert (sink._logs_pause in exporter._also) is shared
+        assert sink._worker._pause is sink._logs_pause
     finally:
         for reader in sink.metric_readers():
             reader.shutdown()

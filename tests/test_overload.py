@@ -129,6 +129,9 @@ def test_a_burst_during_a_two_second_overload_recovers_the_full_request_size(
             # Another burst after the overload: whole requests again.
             sim.set_events([event("BASE"), *first, *burst("B", 100)])
             collector.wait_for(lambda a: len(seen(a)) >= 201, 60, "the second burst")
+            # The worker notes the success (and grows the bound) just after the answer.
+            wait_until(lambda: readyz(env)[1]["sinks"]["otlp"]["pending"] == 0, 10,
+                       "the second burst acknowledged")
             _status, body = readyz(env)
             assert proc.terminate() == 0
     assert dead_letters(tmp_path) == []
