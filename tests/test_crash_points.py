@@ -247,9 +247,10 @@ def check_point(recording: Recording, point: CrashPoint, files: dict[str, bytes]
         if r.record_id in delivered_before:
             assert r.seq > acked, (f"{what}: {r.record_id} was acknowledged (cursor {acked}) "
                                    "and sent again")
+    around = [(i, s.kind, s.path, s.target, len(s.data)) for i, s in enumerate(recording.steps)
+              if point.index - 12 <= i <= point.index + 2]
     assert FOREIGN in lettered, (
-        f"{what}: the other release's line was dropped; steps around it: "
-        f"{[(i, s.kind, s.path, s.target, len(s.data)) for i, s in enumerate(recording.steps) if point.index - 12 <= i <= point.index + 2]}")
+        f"{what}: the other release's line was dropped; steps around it: {around}")
     assert FOREIGN_OUTBOX in lettered, f"{what}: the other release's outbox record was dropped"
     assert "rid-1" not in after, f"{what}: an acknowledged record was sent again"
     # A second start finds nothing to do: nothing left half-written.
