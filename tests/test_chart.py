@@ -900,3 +900,16 @@ def test_upgrading_from_and_rolling_back_to_a_released_chart_keeps_the_state_pat
                              "scheduled-events", "--kube-version", KUBE_VERSION,
                              *(["-f", str(values_file)] if values_file else [])).stdout)
         assert state_of(old) == state_of(rendered(values_file)), version
+
+
+def test_the_build_notes_build_and_push_the_flavor_the_chart_pulls() -> None:
+    # Until the first release the NOTES say how to build the image: for the slim flavor, the
+    # slim target under the tag the chart then pulls (VERSION-slim), not the default image.
+    if NO_RELEASE not in (CHART / "Chart.yaml").read_text():
+        pytest.skip("a release is tagged: the NOTES no longer say how to build")
+    slim = notes("--set", "image.flavor=slim")
+    assert f"docker build --target slim -t REGISTRY/scheduled-events-exporter:{RELEASE}-slim ." \
+        in slim
+    assert f"docker push REGISTRY/scheduled-events-exporter:{RELEASE}-slim" in slim
+    plain = notes()
+    assert f"docker build -t REGISTRY/scheduled-events-exporter:{RELEASE} ." in plain
