@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,53 @@ def test_a_metric_export_is_not_sent_while_the_collectors_pause_lasts() -> None:
         finally:
             exporter.shutdown()
     assert failures == [("otlp", "metrics", 1)] * 2
+
+
+def test_a_long_overload_never_dead_letters_what_only_inference_called_too_large(
+        tmp_path: Path) -> None:
+    # After one small accepted record, a burst of larger ones meets RESOURCE_EXHAUSTED without
+    # RetryInfo (a busy collector) for 40 attempts: the halvings reach single records, each
+    # larger than anything accepted, which are retried as busy and delivered, never
+    # dead-lettered (BENCHMARKS.md §15: they were, in a 2-minute overload).
+    from datetime import datetime, timezone
+
+    from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
+    from scheduled_events_exporter.delivery.outcome import FailureKind
+    from scheduled_events_exporter.model import (
+        InstanceInfo,
+        ScheduledEvent,
+        Transition,
+        TransitionKind,
+    )
+    from scheduled_events_exporter.records import make_record
+
+    def big(seq: int) -> TransitionRecord:
+        event = ScheduledEvent(f"B{seq}", "Scheduled", "Freeze", "VirtualMachine",
+                               tuple(f"vm-{i:04d}-" + "x" * 100 for i in range(100)))
+        return make_record(Transition(TransitionKind.SCHEDULED,
+                                      datetime(2026, 11, 27, tzinfo=timezone.utc), seq, event),
+                           InstanceInfo(vm_name="vm"), seq)
+
+    attempts: list[int] = []
+    delivered: list[int] = []
+
+    def deliver(records: Sequence[TransitionRecord]) -> None:
+        attempts.append(len(records))
+        if records[0].seq > 1 and len(attempts) <= 41:
+            raise DeliveryError("busy", FailureKind.EXHAUSTED, "gRPC RESOURCE_EXHAUSTED")
+        delivered.extend(r.seq for r in records)
+
+    letters = DeadLetterFile(tmp_path)
+    worker = DeliveryWorker("otlp", deliver, lambda *_: None, max_records=100,
+                            dead_letter=letters, backoff=(0.001, 0.002))
+    worker.start()
+    try:
+        worker.submit([record(1)])
+        assert worker.flush(10)
+        worker.submit([big(seq) for seq in range(2, 10)])
+        assert worker.flush(30), "never delivered"
+    finally:
+        worker.stop(2)
+    assert delivered == list(range(1, 10))
+    assert not letters.path.exists(), letters.path.read_text()
+    assert 1 in attempts[1:41], f"the halvings never reached a single record: {attempts}"

@@ -16,8 +16,9 @@ transient errors are retried, permanent ones are not):
 * too large, on proof (OTLP's 413, gRPC's own "message larger than max", or a refusal without a
   reason of a request larger than any the peer accepted, :mod:`.bound`): after a backoff the
   worker halves the bytes it puts in one request; the bound grows back after successes. A
-  record refused for its size alone is tried once more after a backoff, then dead-lettered, so
-  nothing behind it waits.
+  record refused alone with proof of its size (413, "larger than max") is tried once more after
+  a backoff, then dead-lettered, so nothing behind it waits; one refused alone on inference only
+  is retried as busy (a long overload refuses every halving of a burst too).
 
 Every wait is a deadline on the peer's :class:`~.pause.Pause` (one clock, one cap of
 :data:`~.pause.RETRY_AFTER_CAP`, shared with the sink's metric exports): until it passes nothing
@@ -370,8 +371,11 @@ class DeliveryWorker:
                                 "for its size (%s); after a pause, at most about %d bytes per "
                                 "request (growing back after %d accepted in a row)", self.name,
                                 len(batch), held, error.status or error, bound, GROW_AFTER)
-                elif kind is FailureKind.TOO_LARGE and self._bound.largest_accepted >= held:
-                    # Alone, and no larger than what passed before: not its size. Busy.
+                elif kind is FailureKind.TOO_LARGE and (not proven
+                                                         or self._bound.largest_accepted >= held):
+                    # Alone, and only our inference says size (a busy collector refuses the
+                    # halved requests of a burst just the same), or no larger than what passed
+                    # before: never dead-lettered for that; retried as busy.
                     self._note_failure(error)
                 elif kind is FailureKind.TOO_LARGE and refused_alone == batch[0].seq:
                     refused_alone = None
