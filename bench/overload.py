@@ -273,8 +273,10 @@ def phase(collector: OtlpGrpcStandIn | OtlpHttpStandIn, grpc_calls: list[float] 
     )
 
 
-def measure(scenario: str, protocol: str, code: str, label: str, number: int) -> Run:
-    """One run: the exporter of ``code`` (a ``src/`` directory; "" for this tree)."""
+def measure(scenario: str, protocol: str, code: str, label: str, number: int,
+            overload: float = OVERLOAD) -> Run:
+    """One run: the exporter of ``code`` (a ``src/`` directory; "" for this tree), the
+    collector refusing for ``overload`` seconds in the overload scenario."""
     busy_until = [0.0]
 
     def answer(ids: list[str]) -> Reply | None:
@@ -324,9 +326,9 @@ def measure(scenario: str, protocol: str, code: str, label: str, number: int) ->
         ids = [str(e["EventId"]) for e in burst]
         start, start_wall = time.monotonic(), time.time()
         if scenario == "overload":
-            busy_until[0] = start + OVERLOAD
+            busy_until[0] = start + overload
         sim.set_events([base, *burst])
-        settle(collector, state, set(ids), SETTLE_TIMEOUT)
+        settle(collector, state, set(ids), SETTLE_TIMEOUT + overload)
         first = phase(collector, grpc_calls, state, ids, start, start_wall, 0)
 
         # The second burst comes once the overload is over (and a poll later), whenever the
@@ -463,6 +465,9 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=SCENARIOS)
     parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=PROTOCOLS)
     parser.add_argument("--quick", action="store_true", help="one run each")
+    parser.add_argument("--overload", type=float, default=OVERLOAD,
+                        help=f"seconds of refusals (default {OVERLOAD:g}; another length writes "
+                        "overload_<N>s.json)")
     args = parser.parse_args()
     runs_wanted = 1 if args.quick else args.runs
     runs: list[Run] = []
@@ -476,20 +481,22 @@ def main() -> None:
                     order = codes if number % 2 else codes[::-1]
                     for label, code in order:
                         print(f"run {number}: {scenario}, {protocol}, {label} ...", flush=True)
-                        result = measure(scenario, protocol, code, label, number)
+                        result = measure(scenario, protocol, code, label, number,
+                                         args.overload)
                         f = result.first
                         print(f"    requests {f.requests} (refused {f.refused}), delivered "
                               f"{f.delivered}/{f.expected} in {f.deliver_s} s, dead-lettered "
                               f"{f.dead_lettered}; per request {shape(f.per_request)}; 2nd "
                               f"burst {shape(result.second.per_request)}", flush=True)
                         runs.append(result)
-    print_table(f"A {BURST}-record burst ({PADDING} B each): {OVERLOAD:g} s overload, and a "
+    print_table(f"A {BURST}-record burst ({PADDING} B each): {args.overload:g} s overload, and a "
                 f"{LIMIT} B limit with one {LARGE} B record; medians [min–max]", HEADERS,
                 table(runs))
-    save_results("overload", {"quick": args.quick, "code": args.code, "commit": args.commit,
-                              "burst": BURST, "padding": PADDING, "second": SECOND,
-                              "overload_s": OVERLOAD, "limit": LIMIT, "large": LARGE,
-                              "runs": [asdict(r) for r in runs]}, summary(runs))
+    name = "overload" if args.overload == OVERLOAD else f"overload_{args.overload:g}s"
+    save_results(name, {"quick": args.quick, "code": args.code, "commit": args.commit,
+                        "burst": BURST, "padding": PADDING, "second": SECOND,
+                        "overload_s": args.overload, "limit": LIMIT, "large": LARGE,
+                        "runs": [asdict(r) for r in runs]}, summary(runs))
 
 
 if __name__ == "__main__":
