@@ -6,8 +6,9 @@ writing; tests/test_lock.py runs it). It uses uv (pinned in the ``test`` extra, 
 
 * ``requirements/runtime.lock``: every distribution ``pyproject.toml``'s dependencies need, one
   version each, with the hashes of all its files, for every Python from 3.10 and every platform
-  (``--universal``: the image's Python 3.13 on x86-64 and Arm64, the systemd unit's 3.10 and
-  3.12, the Windows service). The image installs from it with ``--require-hashes``.
+  (``--universal``: the image's Python 3.13 on x86-64 and Arm64, the VMs' system Pythons 3.10
+  to 3.14 under the systemd unit, 3.10 to 3.15 for the Windows service). The image installs
+  from it with ``--require-hashes``.
 * ``requirements/build.lock``: the build backend (``[build-system] requires``) the image builds
   the exporter's wheel with, also by hash.
 * ``requirements/release.lock``: the release workflow's tools (``requirements/release.in``:
