@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -133,3 +134,49 @@ def test_the_dockerfiles_default_bases_are_pinned_by_digest() -> None:
     # Every FROM names a stage or one of these ARGs: no base bypasses the pins.
     for base in re.findall(r"^FROM\s+(\S+)", text, re.M):
         assert base in ("${BUILDER_IMAGE}", "${RUNTIME_IMAGE}", "builder", "build-core"), base
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _ci_pythons() -> tuple[list[str], set[str], set[str]]:
+    """What CI runs: .ci/other-pythons.sh's list (as the script itself reads it), the Pythons the
+    GitHub Linux job puts on PATH for `.ci/run`, and the Windows job's matrix."""
+    import yaml
+
+    env = {k: v for k, v in os.environ.items() if k != "OTHER_PYTHONS"}
+    listed = subprocess.run(["bash", str(REPO / ".ci" / "other-pythons.sh"), "--list"],
+                            env=env, capture_output=True, text=True, check=True, timeout=30)
+    jobs = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())["jobs"]
+    (setup,) = [step for step in jobs["linux"]["steps"]
+                if str(step.get("uses", "")).startswith("actions/setup-python@")]
+    linux = set(str(setup["with"]["python-version"]).split())
+    windows = {str(v) for v in jobs["windows"]["strategy"]["matrix"]["python"]}
+    return listed.stdout.split(), linux, windows
+
+
+def test_the_classifiers_name_exactly_the_pythons_ci_runs() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    classifiers: list[str] = pyproject["project"].get("classifiers", [])
+    prefix = "Programming Language :: Python :: "
+    declared = {c[len(prefix):] for c in classifiers if re.fullmatch(r".* :: 3\.\d+", c)
+                and c.startswith(prefix)}
+    others, linux, windows = _ci_pythons()
+    # The GitHub Linux job gives .ci/run the other Pythons plus the one the whole suite runs on.
+    assert set(others) <= linux, (others, linux)
+    main = linux - set(others)
+    assert len(main) == 1, f"the Linux job's Pythons besides .ci/other-pythons.sh's: {main}"
+    runs = set(others) | main
+    assert declared == runs, (
+        f"pyproject.toml's classifiers name {sorted(declared, key=_version_key)}, CI runs "
+        f"{sorted(runs, key=_version_key)} (.ci/other-pythons.sh and {sorted(main)} for the suite)")
+    assert windows == runs, f"the Windows job runs {sorted(windows)}, not {sorted(runs)}"
+    assert f"{sys.version_info[0]}.{sys.version_info[1]}" in runs
+    assert {"Programming Language :: Python :: 3",
+            "Programming Language :: Python :: 3 :: Only"} <= set(classifiers)
+    # The oldest one is the floor everywhere it is written: pip's, ruff's and mypy's.
+    floor = min(runs, key=_version_key)
+    assert pyproject["project"]["requires-python"] == f">={floor}"
+    assert pyproject["tool"]["ruff"]["target-version"] == "py" + floor.replace(".", "")
+    assert pyproject["tool"]["mypy"]["python_version"] == floor

@@ -8,7 +8,10 @@ service):
 
 * ``requirements/runtime.lock``: the core, every distribution ``pyproject.toml``'s
   dependencies need (IMDS, console, OTLP over HTTP, the Prometheus scrape), one version each,
-  with the hashes of all its files. The slim image installs exactly this.
+  with the hashes of all its files, for every Python from 3.10 and every platform
+  (``--universal``: the image's Python 3.13 on x86-64 and Arm64, the VMs' system Pythons 3.10
+  to 3.14 under the systemd unit, 3.10 to 3.15 for the Windows service). The slim image
+  installs exactly this.
 * ``requirements/extra-grpc.lock`` and ``requirements/extra-eventhubs.lock``: what each extra
   adds to the core, nothing the core already has. An install with extras takes the core and
   the layers of its extras together (``-r runtime.lock -r extra-grpc.lock``); the default
