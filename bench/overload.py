@@ -1,4 +1,4 @@
-"""A burst against a collector under overload, and against a real size limit (issue 43).
+"""A burst against a collector under overload, and against a real size limit.
 
 The real exporter process (``SEE_SINKS=otlp``, logs only, ``SEE_POLL_INTERVAL=0.3``, a state
 directory on disk) polls the in-process :class:`Simulator`; the scripted OTLP peers of

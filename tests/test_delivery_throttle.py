@@ -108,7 +108,8 @@ def test_a_long_overload_never_dead_letters_what_only_inference_called_too_large
     # After one small accepted record, a burst of larger ones meets RESOURCE_EXHAUSTED without
     # RetryInfo (a busy collector) for 40 attempts: the halvings reach single records, each
     # larger than anything accepted, which are retried as busy and delivered, never
-    # dead-lettered (BENCHMARKS.md §15: they were, in a 2-minute overload).
+    # dead-lettered (BENCHMARKS.md, "A burst under a 2 s overload": they were, in a 2-minute
+    # overload).
     from datetime import datetime, timezone
 
     from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
