@@ -41,6 +41,12 @@ CONNECTION = ("Endpoint=sb://127.0.0.1:5999;SharedAccessKeyName=k;SharedAccessKe
 IN_A_CONTAINER = "in a container, the default image rather than -slim"
 
 
+def hashed(extra: str) -> str:
+    """The line's second way to install an extra: its lock, with hashes."""
+    return ("or with the hashes CI tests: pip install --require-hashes --no-deps -r "
+            f"requirements/extra-{extra}.lock")
+
+
 def run_cli(tmp_path: Path, command: str, blocked: list[str],
             **env: str) -> subprocess.CompletedProcess[str]:
     site = tmp_path / "site"
@@ -70,7 +76,7 @@ def test_eventhubs_with_a_connection_string_without_azure_eventhub(tmp_path: Pat
     assert one_line(result) == (
         "configuration error: SEE_SINKS='eventhubs': the eventhubs sink needs azure-eventhub, "
         "which is not installed (the eventhubs extra); expected it installed (pip install "
-        f"'azure-scheduled-events-exporter[eventhubs]'; {IN_A_CONTAINER}) or eventhubs removed "
+        f"'azure-scheduled-events-exporter[eventhubs]', {hashed('eventhubs')}; {IN_A_CONTAINER}) or eventhubs removed "
         "from SEE_SINKS")
     assert "dGVzdA==" not in result.stderr + result.stdout
 
@@ -94,7 +100,7 @@ def test_otlp_over_grpc_without_grpcio(tmp_path: Path, command: str) -> None:
     assert one_line(result) == (
         "configuration error: OTEL_EXPORTER_OTLP_PROTOCOL='grpc': OTLP over gRPC needs grpcio, "
         "which is not installed (the grpc extra); expected it installed (pip install "
-        f"'azure-scheduled-events-exporter[grpc]'; {IN_A_CONTAINER}) or "
+        f"'azure-scheduled-events-exporter[grpc]', {hashed('grpc')}; {IN_A_CONTAINER}) or "
         "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (the collector's port 4318)")
 
 

@@ -171,3 +171,26 @@ def test_a_collector_that_refuses_everything_makes_the_sink_failing(
         assert status == 503 and said[0] in body["reasons"]
     else:
         assert status == 200 and said[0] in body["warnings"]
+
+
+@pytest.mark.timeout(90)
+def test_refused_metric_exports_make_the_sink_failing_before_records_add_up(
+        sim: Simulator, tmp_path: Path) -> None:
+    # A VM sees a few records a day: one event, one record refused. The metric exports, every
+    # heartbeat, are refused for good too: after METRIC_STREAK of them /readyz says so.
+    with OtlpHttpStandIn(lambda ids: 400, metrics_answer=lambda: 400) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf",
+                       OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="1000")
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("M-1")])
+            wait_until(lambda: len(dead_letters(tmp_path)) == 1, 30, "one dead letter")
+            found: list[str] = []
+
+            def warned() -> bool:
+                found[:] = [w for w in readyz(env)[1]["warnings"] if "sink otlp failing" in w]
+                return bool(found)
+
+            wait_until(warned, 30, "the warning")
+            assert proc.terminate() == 0
+    assert "metric exports were refused (HTTP 400" in found[0], found
+    assert len(collector.metrics) >= 3

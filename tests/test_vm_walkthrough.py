@@ -244,8 +244,8 @@ def test_the_upgrade_and_the_rollback_as_written(walk: Walkthrough) -> None:
         == "!! build/lib/scheduled_events_exporter/left_by_an_old_build.py"
 
     rollback = section("Rollback")
-    assert rollback.startswith("previous=56159e4\n"), rollback
-    rollback = rollback.replace("previous=56159e4", f"previous={walk.first[:7]}", 1)
+    assert rollback.startswith("previous=1f49a3e\n"), rollback
+    rollback = rollback.replace("previous=1f49a3e", f"previous={walk.first[:7]}", 1)
     done = shell(moved(rollback, walk.root), cwd=walk.clone)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split()[-1] == built(walk.first), done.stdout

@@ -57,5 +57,7 @@ def problem(setting: str, route: str, extra: Extra, absent: list[str], instead: 
     asked for the route, what is not installed, and the two ways out."""
     names = " and ".join(absent)
     return (f"{setting}: {route} needs {names}, which {'are' if len(absent) > 1 else 'is'} "
-            f"not installed (the {extra.name} extra); expected it installed ({extra.install}; "
-            f"in a container, the default image rather than -slim) or {instead}")
+            f"not installed (the {extra.name} extra); expected it installed ({extra.install}, "
+            f"or with the hashes CI tests: pip install --require-hashes --no-deps -r "
+            f"requirements/extra-{extra.name}.lock; in a container, the default image rather "
+            f"than -slim) or {instead}")

@@ -81,6 +81,12 @@ def main(args: list[str]) -> int:
     if selection.sink is not None and selection.sink not in redrive.SINKS:
         return _usage(f"--sink {selection.sink!r}: expected one of "
                       f"{', '.join(sorted(redrive.SINKS))}")
+    if "--state-dir" not in options and "SEE_STATE_DIR" in os.environ and \
+            not os.environ["SEE_STATE_DIR"].strip():
+        print("redeliver: SEE_STATE_DIR is empty: state is off, so there are no spools and no "
+              "dead-letter file (name the exporter's directory with --state-dir)",
+              file=sys.stderr)
+        return 1
     directory = Path(options.get("--state-dir") or os.environ.get("SEE_STATE_DIR", "").strip()
                      or default_state_dir(os.environ))
     if not directory.is_dir():
@@ -111,9 +117,10 @@ def main(args: list[str]) -> int:
         lock = dir_lock.acquire(directory, wait=wait)
     except dir_lock.DirectoryBusy as busy:
         print(f"redeliver: cannot take the state directory: {busy}. The exporter reads its "
-              "spools only at start: stop it (systemctl stop scheduled-events-exporter; on "
-              "Kubernetes see docs/kubernetes.md), run redeliver, start it again; or --wait "
-              "for one that is stopping", file=sys.stderr)
+              "spools only at start: leave the request with --at-next-start and restart it (on "
+              "Kubernetes: delete the pod, docs/kubernetes.md), or stop it (systemctl stop "
+              "scheduled-events-exporter), run redeliver, start it again; --wait waits for one "
+              "that is stopping", file=sys.stderr)
         return EXIT_BUSY
     except OSError as exc:
         print(f"redeliver: {directory}: {exc}", file=sys.stderr)
@@ -180,6 +187,8 @@ def _report(chosen: redrive.Plan, applied: list[tuple[redrive.Taken, int]] | Non
               f"{letter.event_id or '-'} {letter.transition} RecordId {letter.record_id}{where}")
     for skip in chosen.skipped:
         letter = skip.letter
+        if skip.reason == redrive.ALREADY:
+            continue  # counted in the summary: they pile up over the weeks
         print(f"skipped: {letter.time} {letter.sink} {letter.status} EventId "
               f"{letter.event_id or '-'} RecordId {letter.record_id or '-'}: {skip.reason}")
     print(summary(chosen, applied is not None), file=sys.stderr)
@@ -188,8 +197,13 @@ def _report(chosen: redrive.Plan, applied: list[tuple[redrive.Taken, int]] | Non
 
 def summary(chosen: redrive.Plan, applied: bool) -> str:
     """One line: how many records (would) go back to which spools, how many were skipped."""
-    sinks = ", ".join(sorted({item.letter.sink for item in chosen.taken})) or "none"
+    already = sum(1 for skip in chosen.skipped if skip.reason == redrive.ALREADY)
+    skipped = (f"{len(chosen.skipped)} skipped ({already} of them redelivered before)"
+               if already else f"{len(chosen.skipped)} skipped")
+    if not chosen.taken:
+        return f"redeliver: nothing to put back, {skipped}"
+    sinks = ", ".join(sorted({item.letter.sink for item in chosen.taken}))
     done = ("put back into the spool; they go out at the exporter's next start" if applied
             else "would be put back")
     return (f"redeliver: {len(chosen.taken)} dead-lettered records {done} (sinks: {sinks}), "
-            f"{len(chosen.skipped)} skipped")
+            f"{skipped}")

@@ -32,6 +32,8 @@ from scheduled_events_exporter.records import TransitionRecord, rfc3339
 
 #: The sinks a letter may name (a spool is made only for these).
 SINKS = frozenset({"console", "otlp", "eventhubs"})
+#: Why a letter put back before is skipped (said as a count, not a line each).
+ALREADY = "already redelivered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,7 @@ def _readable(item: dict[str, object], letter: Letter
               ) -> tuple[str, TransitionRecord | None]:
     """The record a letter holds, or why there is none to put back."""
     if "redelivered" in item:
-        return "already redelivered", None
+        return ALREADY, None
     if letter.sink not in SINKS:
         return f"names no sink this release has ({letter.sink!r})", None
     raw = item.get("record")

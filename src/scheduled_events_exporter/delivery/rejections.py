@@ -4,59 +4,42 @@ every request with a permanent error.
 Such a sink delivers nothing, yet it never looks stuck: each refused record goes to the
 dead-letter file at once and its queue stays empty. Its own metric
 (``export.failures{signal=dead_letter}``) travels to that same refusing collector. So the worker
-notes every record's fate here, and ``/readyz`` calls the sink failing while the last
-:data:`STREAK` records were all dead-lettered, or more than :data:`SHARE` of those in the last
-:data:`WINDOW` seconds (at least :data:`STREAK` of them).
+notes every record's fate here, and ``/readyz`` calls the sink failing while its last
+:data:`STREAK` records were all dead-lettered, until one is delivered. A VM sees a few records
+a day (one event makes two or three), so the streak is short; the OTLP sink's metric exports,
+refused for good :data:`METRIC_STREAK` times in a row, say the same within minutes.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: Dead-lettered records in a row that make a sink failing.
-STREAK = 5
-#: Or: this share of the records that left the queue in the window, at least STREAK of them.
-SHARE = 0.5
-WINDOW = 600.0
+STREAK = 2
+#: Metric exports refused for good in a row that make a sink failing (one a minute by default).
+METRIC_STREAK = 3
 
 
 @dataclass
 class Rejections:
-    """The recent fate of one sink's records (times are monotonic seconds)."""
+    """The recent fate of one sink's records."""
 
     streak: int = 0
     last_status: str = ""
-    #: (time, dead-lettered?) per record, the window's worth.
-    recent: deque[tuple[float, bool]] = field(default_factory=deque)
 
-    def delivered(self, count: int, now: float) -> None:
-        """``count`` records were accepted."""
-        self.streak = 0
-        self.recent.extend((now, False) for _ in range(count))
-        self._trim(now)
+    def delivered(self, count: int) -> None:
+        """``count`` records were accepted: the sink takes what it is given."""
+        if count:
+            self.streak = 0
 
-    def dead_lettered(self, status: str, now: float) -> None:
+    def dead_lettered(self, status: str) -> None:
         """One record was refused for good (``status``: what the peer answered)."""
         self.streak += 1
         self.last_status = status
-        self.recent.append((now, True))
-        self._trim(now)
 
-    def verdict(self, now: float) -> str:
+    def verdict(self) -> str:
         """Why the sink counts as failing, or ``""``."""
-        self._trim(now)
-        if self.streak >= STREAK:
-            return (f"the last {self.streak} records were dead-lettered "
-                    f"({self.last_status or 'refused'})")
-        dead = sum(1 for _, refused in self.recent if refused)
-        if dead >= STREAK and dead > SHARE * len(self.recent):
-            return (f"{dead} of the last {len(self.recent)} records in {WINDOW / 60:.0f} min "
-                    f"were dead-lettered ({self.last_status or 'refused'})")
-        return ""
-
-    def _trim(self, now: float) -> None:
-        while self.recent and self.recent[0][0] < now - WINDOW:
-            self.recent.popleft()
-        while len(self.recent) > 10_000:  # a bound whatever the rate
-            self.recent.popleft()
+        if self.streak < STREAK:
+            return ""
+        return (f"the last {self.streak} records were dead-lettered "
+                f"({self.last_status or 'refused'})")

@@ -299,7 +299,7 @@ class DeliveryWorker:
                 dead_lettered=self._dead_lettered,
                 config_error=self._config_error,
                 write_faults=faults,
-                rejecting=self._rejections.verdict(self._clock()),
+                rejecting=self._rejections.verdict(),
                 request_bytes=self._bound.current,
                 max_request_bytes=self._bound.maximum,
                 paused_for=self._pause.remaining() if self._queue else 0.0,
@@ -405,7 +405,7 @@ class DeliveryWorker:
             busy = False
             self._bound.accepted(held, self._clock())
             with self._cond:
-                self._rejections.delivered(len(batch), self._clock())
+                self._rejections.delivered(len(batch))
             last = batch[-1].seq
             failpoints.hit("after_deliver")
             self._ack(last)
@@ -476,7 +476,7 @@ class DeliveryWorker:
                   letter.transition, record.record_id, queued.size, str(error)[:300], where)
         self._count_dead_letter()
         with self._cond:
-            self._rejections.dead_lettered(error.status or "rejected", self._clock())
+            self._rejections.dead_lettered(error.status or "rejected")
         self._ack(queued.seq)
         self._done(queued.seq)
 

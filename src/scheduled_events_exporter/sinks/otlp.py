@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,8 +45,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import Aggregation, ExponentialBucketHistogramAggregation
 
 from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.delivery.outcome import FailureCounter, FailureKind
+from scheduled_events_exporter.delivery.outcome import FailureCounter, FailureKind, SinkStatus
 from scheduled_events_exporter.delivery.pause import Pause
+from scheduled_events_exporter.delivery.rejections import METRIC_STREAK
 from scheduled_events_exporter.otlp_settings import OtlpTarget, grpc_scheme
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.metric_backlog import KeptBatch, MetricBacklog
@@ -156,6 +158,9 @@ class OtlpMetricExporter(MetricExporter):
         self._count_failure = count_failure
         self._extra = extra
         self._failing = Streak()
+        # Exports in a row the collector refused for good, and its last answer: with
+        # METRIC_STREAK of them the sink counts as refusing what it is given (/readyz).
+        self._refused: tuple[int, str] = (0, "")
         # Partial success without rejections but with a message: said once per streak.
         self._warned = Streak()
         # Kept batches dropped at the bound, or refused for good: said once per streak.
@@ -199,6 +204,8 @@ class OtlpMetricExporter(MetricExporter):
                 self._keep(delta)
                 return self._failed(answer)
         answer = self._send(request, ends)
+        self._refused = ((self._refused[0] + 1, describe(answer))
+                         if not answer.ok and self._refused_for_good(answer) else (0, ""))
         if answer.ok:
             self._accepted(answer)
             self._failing.clear()
@@ -216,6 +223,13 @@ class OtlpMetricExporter(MetricExporter):
         else:
             self._keep(delta)
         return self._failed(answer)
+
+    def refusing(self) -> str:
+        """Why the collector counts as refusing every metric export, or ``""``."""
+        count, answer = self._refused
+        if count < METRIC_STREAK:
+            return ""
+        return f"the last {count} metric exports were refused ({answer})"
 
     def _send(self, request: Any, ends: float) -> Answer:
         return self._transport.send(
@@ -336,6 +350,17 @@ class OtlpSink(WorkerSink):
     def metric_readers(self) -> Sequence[MetricReader]:
         """The on-change OTLP metric reader, unless OTEL_METRICS_EXPORTER excludes otlp."""
         return self._readers
+
+    def status(self) -> SinkStatus:
+        """The worker's health; refusing when its records or its metric exports are."""
+        status = super().status()
+        if status.rejecting:
+            return status
+        for reader in self._readers:
+            exporter = reader.exporter
+            if isinstance(exporter, OtlpMetricExporter) and (why := exporter.refusing()):
+                return replace(status, rejecting=why)
+        return status
 
     def metrics_changed(self) -> None:
         """Export the metrics soon, on the reader's thread (never blocks the caller)."""
