@@ -76,8 +76,8 @@ def test_eventhubs_with_a_connection_string_without_azure_eventhub(tmp_path: Pat
     assert one_line(result) == (
         "configuration error: SEE_SINKS='eventhubs': the eventhubs sink needs azure-eventhub, "
         "which is not installed (the eventhubs extra); expected it installed (pip install "
-        f"'azure-scheduled-events-exporter[eventhubs]', {hashed('eventhubs')}; {IN_A_CONTAINER}) or eventhubs removed "
-        "from SEE_SINKS")
+        f"'azure-scheduled-events-exporter[eventhubs]', {hashed('eventhubs')}; "
+        f"{IN_A_CONTAINER}) or eventhubs removed from SEE_SINKS")
     assert "dGVzdA==" not in result.stderr + result.stdout
 
 
