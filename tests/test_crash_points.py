@@ -142,8 +142,11 @@ def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     # compacted, not only emptied) and a dead-letter file that rotates once in the run (after
     # the two unreadable letters). The restarts do not rotate it again (record_run restores
     # the bound): a second rotation drops the oldest letters by design (the file's bound).
+    # The letters are about 1.2 kB (the two unreadable ones) and 1.6 kB (a refused record, which
+    # carries the record as stored): 3600 bytes rotates before rid-8's letter (2408 + 1593) and
+    # not before rid-12's (1593 + 1604).
     monkeypatch.setattr(worker_module, "MAX_BATCH", 1)
-    monkeypatch.setattr(letters_module, "MAX_BYTES", 3000)
+    monkeypatch.setattr(letters_module, "MAX_BYTES", 3600)
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,10 @@ def test_every_crash_point_of_every_durable_write(tmp_path: Path, small_bounds: 
     recording = record_run(root)
     kinds = {s.kind for s in recording.steps}
     assert {"create", "write", "fsync", "truncate", "rename", "dirsync"} <= kinds, kinds
+    rotations = [s for s in recording.steps if s.kind == "rename" and s.target.endswith(".1")]
+    # A second rotation in the run would drop the first letters by design, not by a crash: the
+    # bound in small_bounds must match the letters' sizes.
+    assert len(rotations) == 1, f"the dead-letter file rotated {len(rotations)} times in the run"
     seen: dict[str, None] = {}
     checked = Checked()
     spots = work_dir(tmp_path, "restart")
