@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -268,12 +269,15 @@ def check_point(recording: Recording, point: CrashPoint, files: dict[str, bytes]
 
 
 def work_dir(tmp_path: Path, name: str) -> Iterator[Path]:
-    base = SHM if SHM is not None else tmp_path
-    path = Path(base) / f"crash-points-{tmp_path.name}-{name}"
+    # A name of its own in /dev/shm: pytest's tmp_path.name is the same in every run, and two
+    # runs at once (two checkouts, or mutmut's workers) would share one directory.
+    base = Path(tempfile.mkdtemp(prefix=f"crash-points-{name}-",
+                                 dir=SHM if SHM is not None else tmp_path))
+    path = base / "state"
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def write_path(recording: Recording, index: int) -> str:
