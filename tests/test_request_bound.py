@@ -3,9 +3,11 @@ refusal proves size, how the bound grows back, when a sink counts as refusing wh
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scheduled_events_exporter.delivery import bound as bound_module
 from scheduled_events_exporter.delivery.bound import CEILING_MEMORY, GROW_AFTER, RequestBound
 from scheduled_events_exporter.delivery.rejections import STREAK, WINDOW, Rejections
 
@@ -75,3 +77,70 @@ def test_most_records_dead_lettered_in_the_window_is_refusing_too() -> None:
             watch.delivered(1, float(n))
     assert watch.verdict(12.0).startswith("8 of the last 12 records in 10 min")
     assert watch.verdict(12.0 + WINDOW) == "", "the window forgets"
+
+
+def test_a_halving_is_whole_bytes_and_never_below_one() -> None:
+    bound = RequestBound(MAX)
+    assert bound.halve(5, 0.0, proven=False) == 2 and bound.current == 2
+    assert isinstance(bound.current, int)
+    assert bound.halve(3, 0.0, proven=False) == 1
+    assert bound.halve(1, 0.0, proven=False) == 1
+    # Half of the bound when the refused request was larger than it.
+    bound = RequestBound(MAX)
+    bound.halve(1000, 0.0, proven=False)
+    assert bound.halve(4000, 0.0, proven=False) == 250
+
+
+def test_growing_back_counts_accepted_requests_from_the_last_halving(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bound_module, "GROW_AFTER", 3)
+    bound = RequestBound(MAX)
+    bound.halve(MAX, 0.0, proven=False)
+    bound.accepted(10, 1.0)
+    bound.accepted(10, 2.0)
+    bound.halve(MAX // 2, 3.0, proven=False)  # the count starts again
+    assert bound.current == MAX // 4
+    bound.accepted(10, 4.0)
+    bound.accepted(10, 5.0)
+    assert bound.current == MAX // 4
+    bound.accepted(10, 6.0)
+    assert bound.current == MAX // 2
+
+
+def test_the_smallest_accepted_request_counts_for_proof() -> None:
+    bound = RequestBound(MAX)
+    bound.accepted(1, 0.0)
+    assert bound.proves_size(2) and not bound.proves_size(1)
+
+
+def test_a_streak_without_a_status_says_refused() -> None:
+    watch = Rejections()
+    for n in range(STREAK):
+        watch.dead_lettered("", float(n))
+    assert watch.verdict(10.0) == f"the last {STREAK} records were dead-lettered (refused)"
+
+
+def replay(fates: str, status: str = "HTTP 400") -> Rejections:
+    """``D``: a record dead-lettered, ``O``: one delivered, one a second."""
+    watch = Rejections()
+    for now, fate in enumerate(fates):
+        if fate == "D":
+            watch.dead_lettered(status, float(now))
+        else:
+            watch.delivered(1, float(now))
+    return watch
+
+
+def test_a_share_counts_from_streak_records_and_only_above_half() -> None:
+    assert STREAK == 5
+    # Five refused, never five in a row, five of six.
+    assert replay("DDDDOD").verdict(6.0) == ("5 of the last 6 records in 10 min were "
+                                            "dead-lettered (HTTP 400)")
+    assert replay("DDDDOD", status="").verdict(6.0) == ("5 of the last 6 records in 10 min were "
+                                                        "dead-lettered (refused)")
+    # Four of five is more than half, but fewer than five.
+    assert replay("DDODD").verdict(5.0) == ""
+    # Exactly half is not more than half.
+    assert replay("DDDDODOOOO").verdict(10.0) == ""
+    assert replay("DDDDODOOO").verdict(10.0) == ("5 of the last 9 records in 10 min were "
+                                                "dead-lettered (HTTP 400)")
