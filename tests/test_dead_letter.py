@@ -5,8 +5,10 @@ mended before the next letter, and a disk that refuses the file."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,6 +19,7 @@ from scheduled_events_exporter.codec import decode_record, encode_record
 from scheduled_events_exporter.delivery import dead_letter as letters
 from scheduled_events_exporter.delivery.dead_letter import DeadLetter, DeadLetterFile
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
+from scheduled_events_exporter.platforms.durable import DiskStep, set_step_hook
 from scheduled_events_exporter.records import TransitionRecord, to_columns
 from scheduled_events_exporter.write_faults import describe_os_error
 
@@ -183,3 +186,27 @@ def test_to_json_leaves_out_only_a_missing_record() -> None:
     assert json.loads(letter.to_json())["record"] == {"r": 2}
     assert "record" not in json.loads(DeadLetter("t", "otlp", "s", "r", "E", "k", "rid", 1,
                                                  None).to_json())
+
+
+def test_after_an_append_that_failed_and_could_not_be_cut_back_the_next_cuts_first(
+        tmp_path: Path) -> None:
+    dead = DeadLetterFile(tmp_path)
+    dead.append(letters.unreadable("otlp", 1, "a", "r"))
+    path = tmp_path / "dead-letter.jsonl"
+
+    def full_and_read_only(step: DiskStep) -> None:
+        if step.kind == "write":
+            os.write(step.fd, step.data[:7])
+            readonly = os.open(path, os.O_RDONLY)  # the cut back fails too
+            os.dup2(readonly, step.fd)
+            os.close(readonly)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    previous = set_step_hook(full_and_read_only)
+    try:
+        with pytest.raises(OSError):
+            dead.append(letters.unreadable("otlp", 2, "b", "r"))
+    finally:
+        set_step_hook(previous)
+    dead.append(letters.unreadable("otlp", 3, "c", "r"))
+    assert [x["seq"] for x in written(path)] == [1, 3]

@@ -105,6 +105,30 @@ def test_growing_back_counts_accepted_requests_from_the_last_halving(
     assert bound.current == MAX // 4
     bound.accepted(10, 6.0)
     assert bound.current == MAX // 2
+    bound.accepted(10, 7.0)
+    bound.accepted(10, 8.0)
+    assert bound.current == MAX // 2, "the count starts again after growing"
+    bound.accepted(10, 9.0)
+    assert bound.current == MAX
+
+
+def test_each_accepted_request_doubles_a_halved_bound_and_a_given_bound_is_kept() -> None:
+    bound = RequestBound(MAX)
+    bound.halve(MAX // 2, 0.0, proven=False)
+    assert bound.current == MAX // 4
+    bound.accepted(10, 1.0)
+    assert bound.current == MAX // 2
+    assert RequestBound(MAX, current=1).current == 1
+    assert RequestBound(MAX, current=0).current == MAX
+
+
+def test_a_proven_limit_is_remembered_for_exactly_its_time() -> None:
+    bound = RequestBound(MAX)
+    bound.halve(MAX, 5.0, proven=True)
+    bound.accepted(10, 5.0 + CEILING_MEMORY - 0.001)
+    assert bound.current == MAX // 2
+    bound.accepted(10, 5.0 + CEILING_MEMORY)
+    assert bound.current == MAX
 
 
 def test_the_smallest_accepted_request_counts_for_proof() -> None:
@@ -120,14 +144,14 @@ def test_a_streak_without_a_status_says_refused() -> None:
     assert watch.verdict(10.0) == f"the last {STREAK} records were dead-lettered (refused)"
 
 
-def replay(fates: str, status: str = "HTTP 400") -> Rejections:
-    """``D``: a record dead-lettered, ``O``: one delivered, one a second."""
+def replay(fates: str, status: str = "HTTP 400", start: float = 0.0) -> Rejections:
+    """``D``: a record dead-lettered, ``O``: one delivered, one a second from ``start``."""
     watch = Rejections()
     for now, fate in enumerate(fates):
         if fate == "D":
-            watch.dead_lettered(status, float(now))
+            watch.dead_lettered(status, start + now)
         else:
-            watch.delivered(1, float(now))
+            watch.delivered(1, start + now)
     return watch
 
 
@@ -144,3 +168,21 @@ def test_a_share_counts_from_streak_records_and_only_above_half() -> None:
     assert replay("DDDDODOOOO").verdict(10.0) == ""
     assert replay("DDDDODOOO").verdict(10.0) == ("5 of the last 9 records in 10 min were "
                                                 "dead-lettered (HTTP 400)")
+
+
+def test_a_delivery_ends_the_streak() -> None:
+    assert replay("O" * 20 + "DDDD").verdict(30.0) == ""
+
+
+def test_the_window_holds_what_is_exactly_its_length_old() -> None:
+    share = "5 of the last 6 records in 10 min were dead-lettered (HTTP 400)"
+    assert replay("DDDDOD").verdict(WINDOW) == share
+    assert replay("DDDDOD").verdict(WINDOW + 0.5) == ""
+    # Times far from zero: the records' times are compared, nothing else.
+    assert replay("DDDDOD", start=5000.0).verdict(5005.0) == share
+
+
+def test_the_window_holds_ten_thousand_records_at_most() -> None:
+    watch = Rejections()
+    watch.delivered(20_000, 0.0)
+    assert len(watch.recent) == 10_000

@@ -201,13 +201,18 @@ def test_the_log_is_compacted_only_past_its_bound(tmp_path: Path) -> None:
     assert log_of(tmp_path) == line(3) + line(4)
 
 
-def test_a_write_failure_names_the_file_that_failed(tmp_path: Path) -> None:
+def test_a_write_failure_names_the_file_that_failed(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
     spool = spool_with(tmp_path, line(1) + line(2))
     spool.load()
     (tmp_path / "otlp.ack").mkdir()  # the cursor cannot be replaced
-    with pytest.raises(OSError):
+    with caplog.at_level(logging.ERROR), pytest.raises(OSError):
         spool.ack(1)
     assert spool.fault is not None and spool.fault.file == str(tmp_path / "otlp.ack")
+    assert caplog.messages == [
+        f"cannot write the spool of sink otlp {tmp_path / 'otlp.ack'} ({spool.fault.error}); "
+        "its records are held in memory (a crash now would lose them); retrying until it is "
+        "writable again"]
     (tmp_path / "otlp.ack").rmdir()
     spool.ack(1)
     assert spool.fault is None and (tmp_path / "otlp.ack").read_text() == "1"
@@ -238,14 +243,72 @@ def test_after_an_append_that_failed_and_could_not_be_cut_back_the_next_cuts_fir
     assert log.read_bytes() == line(1) + line(2)
 
 
-@pytest.mark.parametrize(("tail", "kept"), [
-    (line(2)[:-1], line(2)),  # only its newline was lost: completed
-    (b'{"seq": 0}', b'{"seq": 0}\n'),
-    (b'{"seq": -1}', b""), (b'{"seq": "2"}', b""), (b'{"seq": true}', b""), (b"[2]", b""),
-    (b'{"other": 2}', b""), (b'{"seq', b""),
+CUT = ("spool otlp: cut off the last {} bytes, a line a crash left unfinished (its append "
+       "never returned; its records are appended again from the state file)")
+COMPLETED = "spool otlp: its last line had lost its newline in a crash; completed it"
+
+
+@pytest.mark.parametrize(("tail", "kept", "said"), [
+    (line(2)[:-1], line(2), COMPLETED),  # only its newline was lost
+    (b'{"seq": 0}', b'{"seq": 0}\n', COMPLETED),
+    (b'{"seq": -1}', b"", CUT.format(11)), (b'{"seq": "2"}', b"", CUT.format(12)),
+    (b'{"seq": true}', b"", CUT.format(13)), (b"[2]", b"", CUT.format(3)),
+    (b'{"other": 2}', b"", CUT.format(12)), (b'{"seq', b"", CUT.format(5)),
 ])
 def test_a_torn_tail_is_completed_only_when_it_is_a_line_of_ours(
-        tmp_path: Path, tail: bytes, kept: bytes) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, tail: bytes, kept: bytes,
+        said: str) -> None:
     spool = spool_with(tmp_path, line(1) + tail)
-    spool.append([record(3)])
+    with caplog.at_level(logging.WARNING, logger=spool_module.__name__):
+        spool.append([record(3)])
     assert log_of(tmp_path) == line(1) + kept + line(3)
+    assert caplog.messages == [said]
+
+
+def test_a_torn_tail_that_cannot_be_cut_is_not_read_as_a_line(tmp_path: Path) -> None:
+    def read_only(step: DiskStep) -> None:
+        if step.kind == "truncate":
+            raise OSError(errno.EROFS, "Read-only file system")
+
+    spool = spool_with(tmp_path, line(1) + b"x" + line(2)[1:30])
+    taken: list[UnreadableLine] = []
+    previous = set_step_hook(read_only)
+    try:
+        assert spool.load(taken.append) == [record(1)]
+    finally:
+        set_step_hook(previous)
+    assert taken == []
+    assert spool.fault is not None and spool.fault.file == str(tmp_path / "otlp.log")
+
+
+def test_without_a_taker_an_unreadable_line_stays(tmp_path: Path) -> None:
+    content = line(1) + b"{damaged\n" + line(2)
+    spool = spool_with(tmp_path, content)
+    assert spool.load() == [record(1), record(2)]
+    assert log_of(tmp_path) == content
+
+
+def test_the_lines_taken_before_the_dead_letter_file_failed_leave_the_log(
+        tmp_path: Path) -> None:
+    spool = spool_with(tmp_path, b"{first\n" + line(1) + b"{second\n")
+    taken: list[object] = []
+
+    def full_after_one(what: UnreadableLine) -> None:
+        if taken:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        taken.append(what.content)
+
+    assert spool.load(full_after_one) == [record(1)]
+    assert taken == ["{first"]
+    assert log_of(tmp_path) == line(1) + b"{second\n"
+
+
+def test_an_ack_cursor_that_cannot_be_read_redelivers_from_the_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "otlp.ack").mkdir()
+    with caplog.at_level(logging.WARNING, logger=spool_module.__name__):
+        spool = spool_with(tmp_path, line(1))
+    assert spool.acked == 0 and spool.load() == [record(1)]
+    [message] = caplog.messages
+    assert message.startswith("spool otlp: ack cursor unreadable ([Errno ")
+    assert message.endswith(f"'{tmp_path / 'otlp.ack'}'); redelivering from the start")
