@@ -133,6 +133,15 @@ def test_the_file_rotates_only_past_its_bound(tmp_path: Path,
     assert [x["seq"] for x in written(dead.path)] == [3]
 
 
+def test_a_first_letter_as_large_as_the_bound_starts_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = letters.unreadable("otlp", 1, "a", "r")
+    monkeypatch.setattr(letters, "MAX_BYTES", len(first.to_json()))
+    DeadLetterFile(tmp_path).append(first)
+    assert [x["seq"] for x in written(tmp_path / "dead-letter.jsonl")] == [1]
+    assert not (tmp_path / "dead-letter.jsonl.1").exists()
+
+
 @pytest.mark.parametrize(("tail", "done", "kept"), [
     (b'{"time":"2026', "cut", [1, 3]),
     (json.dumps({"seq": 2}).encode(), "completed", [1, 2, 3]),

@@ -6,6 +6,7 @@ against a real exporter and collector; these tests pin each rule on its own."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_a_selection_takes_the_letters_it_names(tmp_path: Path, selection: Selec
 
 def test_a_letter_that_cannot_be_put_back_is_skipped_with_its_reason(tmp_path: Path) -> None:
     future = encode_record(record(4))
-    future["transition"]["kind"] = "superseded"
+    future["transition"]["kind"] = "superseded" + "s" * 300
     marked = json.loads(letter(1).to_json())
     marked["redelivered"] = {"time": "2026-11-27T12:00:00.000Z", "seq": 9}
     spool_line = {"seq": 7, "record": encode_record(record(7))}
@@ -137,6 +138,7 @@ def test_a_letter_that_cannot_be_put_back_is_skipped_with_its_reason(tmp_path: P
     ]
     assert reasons[3][0] == 3 and reasons[3][1].startswith("this release cannot read it either (")
     assert "superseded" in reasons[3][1] and reasons[3][1].endswith(")")
+    assert len(reasons[3][1]) == len("this release cannot read it either ()") + 200
     assert reasons[4:] == [
         (5, "written by a release before redeliver: it holds the record as sent, not as stored"),
         (6, "written by a release before redeliver: it holds the record as sent, not as stored"),
@@ -181,6 +183,19 @@ def test_apply_numbers_after_everything_the_directory_used_and_marks_the_letters
     assert [s.reason for s in again.skipped] == ["already redelivered"] * 3
 
 
+def test_apply_numbers_after_the_state_file_and_every_spool(tmp_path: Path) -> None:
+    DeadLetterFile(tmp_path).append(letter(1))
+    (tmp_path / "state.json").write_text(json.dumps({"schema": 1, "seq": 50}))
+    done = redrive.apply(tmp_path, redrive.plan(tmp_path, Selection()), NOW)
+    assert [seq for _, seq in done] == [51]
+    # A spool of a sink the plan does not name counts too.
+    DeadLetterFile(tmp_path).append(letter(2))
+    (tmp_path / "spool" / "console.ack").write_text("70")
+    (tmp_path / "spool" / "console.log").write_bytes(b"")
+    done = redrive.apply(tmp_path, redrive.plan(tmp_path, Selection()), NOW)
+    assert [seq for _, seq in done] == [71]
+
+
 def test_apply_numbers_after_the_spools_pending_lines(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool", "otlp")
     spool.append([record(40), record(41)])
@@ -190,6 +205,17 @@ def test_apply_numbers_after_the_spools_pending_lines(tmp_path: Path) -> None:
     assert [seq for _, seq in done] == [42]
     assert [(r.record_id, r.seq) for r in spooled(tmp_path, "otlp")] == [
         ("rid-40", 40), ("rid-41", 41), ("rid-1", 42)]
+
+
+def test_marking_keeps_the_letters_as_written_and_drops_a_torn_last_one(
+        tmp_path: Path) -> None:
+    first = replace(letter(1), reason="attribute ü refused")
+    path = tmp_path / "dead-letter.jsonl"
+    path.write_bytes(first.to_json() + letter(2).to_json()[:30])
+    redrive.apply(tmp_path, redrive.plan(tmp_path, Selection()), NOW)
+    content = path.read_bytes()
+    assert content.endswith(b"}\n") and content.count(b"\n") == 1
+    assert "ü".encode() in content and json.loads(content)["redelivered"]["seq"] == 1
 
 
 def test_a_letter_in_the_older_file_is_marked_there(tmp_path: Path) -> None:
@@ -219,26 +245,30 @@ def test_a_request_is_carried_out_at_the_next_start_and_removed(tmp_path: Path) 
     dead.append(letter(2, time="2026-11-27T11:00:00.000Z"))
     dead.append(letter(3, "eventhubs", time="2026-11-27T11:00:00.000Z"))
     dead.append(letter(4, time="2026-11-27T11:00:00.000Z"))
+    dead.append(letter(5, time="2026-11-27T12:00:00.000Z"))
     since = datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
-    path = redrive.request(tmp_path, Selection("otlp", "E2", since), NOW)
+    path = redrive.request(tmp_path, Selection("otlp", None, since), NOW)
     assert path == tmp_path / "redeliver-request.json"
-    assert json.loads(path.read_text()) == {
-        "sink": "otlp", "event_id": "E2", "since": "2026-11-27T10:00:00.000Z",
-        "requested_at": "2026-11-28T08:30:15.250Z"}
-    assert path.read_bytes().endswith(b"}\n")
+    assert path.read_bytes() == (b'{"sink":"otlp","event_id":null,"since":"2026-11-27T10:00:00'
+                                 b'.000Z","requested_at":"2026-11-28T08:30:15.250Z"}\n')
     result = redrive.perform_request(tmp_path, NOW)
     assert result is not None
     chosen, done = result
-    assert [t.record.seq for t in chosen.taken] == [2] and [s for _, s in done] == [1]
+    assert [t.record.seq for t in chosen.taken] == [2, 4, 5]
+    assert [s for _, s in done] == [1, 2, 3]
     assert not path.exists()
     assert redrive.perform_request(tmp_path, NOW) is None
-    # Any letter: a request without a selection (and one whose fields are not text).
-    redrive.request(tmp_path, Selection(), NOW)
-    assert json.loads(path.read_text())["since"] is None
-    path.write_text(json.dumps({"sink": 3, "event_id": None, "since": None}))
+    redrive.request(tmp_path, Selection(event_id="E3"), NOW)
+    assert json.loads(path.read_text()) == {"sink": None, "event_id": "E3", "since": None,
+                                            "requested_at": "2026-11-28T08:30:15.250Z"}
+    result = redrive.perform_request(tmp_path, NOW)
+    assert result is not None and [t.record.seq for t in result[0].taken] == [3]
+    # Fields that are not text select nothing: any letter not put back yet.
+    path.write_text(json.dumps({"sink": 3, "event_id": 7, "since": None}))
     result = redrive.perform_request(tmp_path, NOW)
     assert result is not None
-    assert [t.record.seq for t in result[0].taken] == [1, 3, 4]
+    assert [t.record.seq for t in result[0].taken] == [1]
+    assert [s.reason for s in result[0].skipped] == ["already redelivered"] * 4
 
 
 @pytest.mark.parametrize(("content", "why"), [

@@ -64,20 +64,22 @@ def test_lines_are_compact_json_one_per_record(tmp_path: Path) -> None:
 def test_lines_without_a_usable_sequence_number_are_handed_over_in_place(
         tmp_path: Path) -> None:
     bad_utf8 = b"\xff{not json " + b"x" * 5000 + b"  \n"
-    others = [b"[1, 2]\n", b'{"seq": true}\n', b'{"seq": "7"}\n', b'{"seq": -1}\n',
-              b'{"record": {}}\n']
+    others = [b"{not json  \n", b"{not jsonX\n", b"[1, 2]\n", b'{"seq": true}\n',
+              b'{"seq": "7"}\n', b'{"seq": -1}\n', b'{"record": {}}\n']
     spool = spool_with(tmp_path, line(1) + bad_utf8 + b"".join(others) + line(2))
     taken: list[UnreadableLine] = []
     assert [r.seq for r in spool.load(taken.append)] == [1, 2]
     assert taken[0] == UnreadableLine(
         None, ("\ufffd{not json " + "x" * 5000 + "  ")[:4096], "line 2 is not JSON")
+    expected = 'line {}: expected an object with a sequence number "seq", got {}'
     assert [(u.seq, u.content, u.reason) for u in taken[1:]] == [
-        (None, [1, 2], 'line 3: expected an object with a sequence number "seq", got list'),
-        (None, {"seq": True}, 'line 4: expected an object with a sequence number "seq", got dict'),
-        (None, {"seq": "7"}, 'line 5: expected an object with a sequence number "seq", got dict'),
-        (None, {"seq": -1}, 'line 6: expected an object with a sequence number "seq", got dict'),
-        (None, {"record": {}}, 'line 7: expected an object with a sequence number "seq", '
-                               "got dict"),
+        # The line as it was, but for its newline.
+        (None, "{not json  ", "line 3 is not JSON"), (None, "{not jsonX", "line 4 is not JSON"),
+        (None, [1, 2], expected.format(5, "list")),
+        (None, {"seq": True}, expected.format(6, "dict")),
+        (None, {"seq": "7"}, expected.format(7, "dict")),
+        (None, {"seq": -1}, expected.format(8, "dict")),
+        (None, {"record": {}}, expected.format(9, "dict")),
     ]
     # Each line taken leaves the log; the others stay exactly as they were.
     assert log_of(tmp_path) == line(1) + line(2)
