@@ -117,6 +117,8 @@ class Disk:
                 return str(Path(name).parent) == (folder or ".")
             self.durable = {n: i for n, i in self.durable.items() if not inside(n)}
             self.durable.update((n, i) for n, i in self.names.items() if inside(n))
+        elif step.path:  # a marker has no path; a disk step of no known kind is a bug
+            raise AssertionError(f"a disk step of unknown kind {step.kind!r} on {step.path}")
 
     def files(self, view: str) -> dict[str, bytes]:
         """``process``: every name with its data; ``power``: durable names, synced data."""

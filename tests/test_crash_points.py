@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -116,7 +119,11 @@ class Core:
             SINK, self._deliver, lambda *_: None, max_records=10_000,
             spool=Spool(self.root / "spool", SINK, compact_bytes=600),
             dead_letter=DeadLetterFile(self.root), backoff=(0.001, 0.001))
+        running = set(threading.enumerate())
         self.worker.start()
+        # The worker's thread, to tell a worker that died (an exception on its thread) from
+        # one still delivering, without waiting out the whole deadline.
+        self.threads = [t for t in threading.enumerate() if t not in running]
         if self.persisted is not None:
             self.worker.recover(self.persisted.outbox, self.persisted.unreadable)
 
@@ -130,7 +137,10 @@ class Core:
                 self.on_deliver(r)
 
     def drain(self) -> None:
-        assert self.worker.flush(20), "the worker did not deliver everything within 20 s"
+        deadline = time.monotonic() + 20
+        while not self.worker.flush(0.2):
+            assert any(t.is_alive() for t in self.threads), "the worker's thread died"
+            assert time.monotonic() < deadline, "the worker did not deliver everything in 20 s"
 
     def stop(self) -> None:
         self.worker.stop(5)
@@ -268,12 +278,15 @@ def check_point(recording: Recording, point: CrashPoint, files: dict[str, bytes]
 
 
 def work_dir(tmp_path: Path, name: str) -> Iterator[Path]:
-    base = SHM if SHM is not None else tmp_path
-    path = Path(base) / f"crash-points-{tmp_path.name}-{name}"
+    # A name of its own in /dev/shm: pytest's tmp_path.name is the same in every run, and two
+    # runs at once (two checkouts, or mutmut's workers) would share one directory.
+    base = Path(tempfile.mkdtemp(prefix=f"crash-points-{name}-",
+                                 dir=SHM if SHM is not None else tmp_path))
+    path = base / "state"
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def write_path(recording: Recording, index: int) -> str:
