@@ -206,6 +206,20 @@ def test_a_batch_of_two_refused_for_good_is_split_too(
     assert f"permanently: {why[:300]}; moved to" in message
 
 
+def test_a_record_delivered_between_refusals_ends_the_streak(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, lambda n, seqs: permanent("no") if seqs[0] % 2 else None)
+    with rig.running():
+        for seq in (1, 2, 3):  # refused, delivered, refused: never two refused in a row
+            rig.worker.submit([record(seq)])
+            rig.drain()
+        assert rig.worker.status().rejecting == ""
+        rig.worker.submit([record(5)])
+        rig.drain()
+        assert rig.worker.status().rejecting == (
+            "the last 2 records were dead-lettered (HTTP 400)")
+    assert rig.peer.accepted == [2]
+
+
 def test_a_refusal_without_a_status_or_an_event_is_named_as_such(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rig = Rig(tmp_path, lambda n, seqs: DeliveryError("refused", FailureKind.PERMANENT))

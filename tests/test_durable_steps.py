@@ -260,3 +260,18 @@ def test_a_short_write_is_completed_or_fails_loudly(tmp_path: Path) -> None:
         os.close(fd)
     assert caught.value.errno == errno.EFBIG
     assert path.stat().st_size == 1000
+
+
+def test_a_write_that_makes_no_progress_is_a_full_disk(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # os.write returning 0 for a non-empty buffer: without a check the loop would spin forever.
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+    monkeypatch.setattr(os, "write", lambda _fd, _data: 0)
+    try:
+        with pytest.raises(OSError) as caught:
+            write_all(fd, b"x")
+    finally:
+        monkeypatch.undo()
+        os.close(fd)
+    assert (caught.value.errno, caught.value.strerror) == (errno.ENOSPC,
+                                                          os.strerror(errno.ENOSPC))

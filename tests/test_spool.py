@@ -108,7 +108,24 @@ def test_sequence_number_zero_is_below_every_cursor(tmp_path: Path) -> None:
 def test_a_second_load_returns_what_the_first_read(tmp_path: Path) -> None:
     spool = spool_with(tmp_path, line(1) + line(2))
     first = spool.load()
+    # Read once, at start: what is appended since is the worker's queue, not the start's.
+    spool.append([record(3)])
     assert spool.load() == first == [record(1), record(2)]
+
+
+def test_an_acknowledgement_not_past_the_cursor_touches_nothing(tmp_path: Path) -> None:
+    spool = spool_with(tmp_path, line(1) + line(2) + line(3))
+    spool.load()
+    spool.ack(2)
+    taken: list[DiskStep] = []
+    previous = set_step_hook(taken.append)
+    try:
+        spool.ack(2)
+        spool.ack(1)
+    finally:
+        set_step_hook(previous)
+    assert taken == []
+    assert (tmp_path / "otlp.ack").read_text() == "2"
 
 
 def test_unknown_fields_are_named_once_per_load(tmp_path: Path,

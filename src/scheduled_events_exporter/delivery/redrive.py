@@ -168,7 +168,7 @@ def _spool_names(spool_dir: Path, taken: Sequence[Taken]) -> list[str]:
 
 def _state_seq(directory: Path) -> int:
     try:
-        seq = json.loads((directory / "state.json").read_bytes()).get("seq", 0)
+        seq = json.loads((directory / "state.json").read_bytes()).get("seq")
     except (OSError, ValueError, AttributeError):
         return 0
     return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0

@@ -127,7 +127,7 @@ class Spool:
 
     def _mend_tail_logged(self) -> None:
         try:
-            with self.watch.guard(self.log_path):
+            with self.watch.guard():
                 self._mend_tail()
         except OSError:
             pass  # the watch logged it; the next append tries again first
@@ -164,7 +164,7 @@ class Spool:
         for line in taken:
             del self._held[line]
         try:
-            with self.watch.guard(self.log_path):
+            with self.watch.guard():
                 write_atomically(self.log_path, b"".join(kept))
         except OSError:
             return  # the dead-letter file has them and the log still does: offered again
@@ -188,7 +188,7 @@ class Spool:
                 + b"\n"
                 for r in fresh
             )
-            with self.watch.guard(self.log_path):
+            with self.watch.guard():
                 if not self._tail_sound:
                     self._mend_tail()
                 try:
