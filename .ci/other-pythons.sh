@@ -41,7 +41,7 @@ fi
 PURE_TESTS=(
   tests/test_tracker.py tests/test_parser.py tests/test_config.py tests/test_records.py
   tests/test_approval_rules.py tests/test_simulator.py tests/test_scenarios.py tests/test_telemetry.py
-  tests/test_serving.py
+  tests/test_serving.py tests/test_redrive.py
 )
 # The main suite's pins, except hypothesis: 6.168.5 is its last release for Python 3.10.
 test_pins() {
