@@ -111,6 +111,8 @@ class Disk:
             del self.names[step.path].data[step.offset:]
         elif step.kind == "rename":
             self.names[step.target] = self.names.pop(step.path)
+        elif step.kind == "unlink":
+            del self.names[step.path]
         elif step.kind == "dirsync":
             folder = "" if step.path == "." else step.path
             def inside(name: str) -> bool:

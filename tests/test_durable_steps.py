@@ -20,6 +20,7 @@ from scheduled_events_exporter.platforms.durable import (
     append_durably,
     end_of_last_line,
     mend_tail,
+    remove_durably,
     replace_durably,
     set_step_hook,
     truncate_durably,
@@ -93,6 +94,12 @@ def test_a_cut_and_a_rename_are_synced(tmp_path: Path, steps: list[DiskStep]) ->
     assert older.read_bytes() == b"whole\n" and not path.exists()
     assert shape(steps) == [("rename", path, b"", 0, older), ("dirsync", tmp_path, b"", 0, None)]
     assert all(s.fd == -1 for s in steps)
+    steps.clear()
+    remove_durably(older)
+    assert not older.exists()
+    assert shape(steps) == [("unlink", older, b"", 0, None), ("dirsync", tmp_path, b"", 0, None)]
+    with pytest.raises(FileNotFoundError):
+        remove_durably(older)
 
 
 @pytest.mark.parametrize(("content", "whole", "result", "after", "kinds"), [

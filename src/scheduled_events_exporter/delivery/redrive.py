@@ -27,7 +27,7 @@ from pathlib import Path
 from scheduled_events_exporter.codec import decode_record
 from scheduled_events_exporter.delivery.dead_letter import FILE_NAME
 from scheduled_events_exporter.delivery.spool import Spool
-from scheduled_events_exporter.platforms.durable import write_atomically
+from scheduled_events_exporter.platforms.durable import remove_durably, write_atomically
 from scheduled_events_exporter.records import TransitionRecord, rfc3339
 
 #: The sinks a letter may name (a spool is made only for these).
@@ -257,5 +257,5 @@ def perform_request(directory: Path, now: datetime) -> tuple[Plan, list[tuple[Ta
     done = apply(directory, chosen, now)
     # Marked before removed: a crash in between repeats the request, which skips what it
     # already put back.
-    path.unlink()
+    remove_durably(path)
     return chosen, done

@@ -34,7 +34,7 @@ from scheduled_events_exporter.platforms.files import FILES
 class DiskStep:
     """One step of a durable write, offered to the step hook before it is taken."""
 
-    #: ``create``, ``write``, ``fsync``, ``truncate``, ``rename`` or ``dirsync``.
+    #: ``create``, ``write``, ``fsync``, ``truncate``, ``rename``, ``unlink`` or ``dirsync``.
     kind: str
     path: Path
     #: ``write``: the bytes about to be written.
@@ -159,6 +159,15 @@ def replace_durably(source: Path, target: Path) -> None:
     FILES.replace(source, target)
     _step("dirsync", target.parent)
     FILES.sync_dir(target.parent)
+
+
+def remove_durably(path: Path) -> None:
+    """Remove ``path`` and fsync the directory (until then a power loss may bring the name
+    back); ``OSError`` on failure, ``FileNotFoundError`` when it is gone already."""
+    _step("unlink", path)
+    os.unlink(path)
+    _step("dirsync", path.parent)
+    FILES.sync_dir(path.parent)
 
 
 def end_of_last_line(path: Path, size: int, chunk: int = 64 * 1024) -> int:
