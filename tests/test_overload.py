@@ -6,6 +6,8 @@ the real exporter process against the scripted OTLP/HTTP and OTLP/gRPC peers.
 * ``RESOURCE_EXHAUSTED`` without ``RetryInfo`` after an accepted request is "busy": retried
   with backoff, nothing dead-lettered, everything delivered in order afterwards;
 * a burst during a 2 s overload is split after backoffs, and the request bound grows back;
+* an accepted request whose answer is larger than the client reads (a collector's long
+  partial-success message; over gRPC, past its receive limit) is delivered once, not refused;
 * a collector that refuses everything makes ``/readyz`` say the sink is failing
   (``redeliver``, which sends its dead letters on once it is fixed: tests/test_redeliver.py).
 """
@@ -102,6 +104,31 @@ def test_resource_exhausted_without_retry_info_after_an_accepted_request_is_busy
     assert len(during) <= 8, f"{len(during)} requests during the 9 s overload"
     assert all(r.verdict == "RESOURCE_EXHAUSTED" for r in during)
     assert not [line for line in proc.stderr_lines if "refused for its size" in line]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.timeout(90)
+def test_answers_larger_than_the_client_reads_deliver_every_record_once(
+        sim: Simulator, tmp_path: Path, protocol: str) -> None:
+    # 5 MB of words with every accepted request: past the 4 MiB the client reads of an answer.
+    words = ("one line per dropped attribute, as a verbose collector writes it; " * 80_000)
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(lambda ids: Reply(partial=(0, words))) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            sim.set_events([event("L-0"), event("L-1"), event("L-2")])
+            collector.wait_for(lambda a: len(seen(a)) >= 3, 30, "the first three")
+            sim.set_events([event("L-0"), event("L-1"), event("L-2"), event("L-3"),
+                            event("L-4")])
+            collector.wait_for(lambda a: len(seen(a)) >= 5, 30, "the next two")
+            wait_until(lambda: readyz(env)[1]["sinks"]["otlp"]["pending"] == 0, 10,
+                       "everything acknowledged")
+            assert proc.terminate() == 0
+    assert [e for e, _ in seen(collector.accepted)] == [f"L-{i}" for i in range(5)]
+    assert all(r.verdict is None for r in collector.log), "every request was accepted"
+    assert dead_letters(tmp_path) == []
+    assert [line for line in proc.stderr_lines if "discarded unread" in line], (
+        "the answer's size is said")
 
 
 def burst(prefix: str, count: int) -> list[dict[str, Any]]:
