@@ -17,14 +17,44 @@ one was delivered) into the same sequence, so each crash point knows what had ha
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import shutil
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduled_events_exporter.platforms.durable import DiskStep
+from scheduled_events_exporter.platforms.durable import DiskStep, StepHook, set_step_hook
+
+
+@contextmanager
+def step_hook(hook: StepHook) -> Iterator[None]:
+    """``hook`` sees every disk step taken inside the block; the previous hook comes back."""
+    previous = set_step_hook(hook)
+    try:
+        yield
+    finally:
+        set_step_hook(previous)
+
+
+def full_after(prefix: int, *, read_only: bool = False) -> StepHook:
+    """A disk that takes ``prefix`` bytes of the next write, then is full; ``read_only``: and
+    read-only from then on, so cutting the torn bytes back fails too (ftruncate on the open
+    file refuses)."""
+
+    def hook(step: DiskStep) -> None:
+        if step.kind == "write":
+            os.write(step.fd, step.data[:prefix])
+            if read_only:
+                readonly = os.open(step.path, os.O_RDONLY)
+                os.dup2(readonly, step.fd)
+                os.close(readonly)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return hook
 
 
 @dataclass(frozen=True)

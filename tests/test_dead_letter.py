@@ -5,10 +5,8 @@ mended before the next letter, and a disk that refuses the file."""
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,9 +17,9 @@ from scheduled_events_exporter.codec import decode_record, encode_record
 from scheduled_events_exporter.delivery import dead_letter as letters
 from scheduled_events_exporter.delivery.dead_letter import DeadLetter, DeadLetterFile
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
-from scheduled_events_exporter.platforms.durable import DiskStep, set_step_hook
 from scheduled_events_exporter.records import TransitionRecord, to_columns
 from scheduled_events_exporter.write_faults import describe_os_error
+from tests.crashdisk import full_after, step_hook
 
 AT = datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
 RFC3339_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -202,20 +200,8 @@ def test_after_an_append_that_failed_and_could_not_be_cut_back_the_next_cuts_fir
     dead = DeadLetterFile(tmp_path)
     dead.append(letters.unreadable("otlp", 1, "a", "r"))
     path = tmp_path / "dead-letter.jsonl"
-
-    def full_and_read_only(step: DiskStep) -> None:
-        if step.kind == "write":
-            os.write(step.fd, step.data[:7])
-            readonly = os.open(path, os.O_RDONLY)  # the cut back fails too
-            os.dup2(readonly, step.fd)
-            os.close(readonly)
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    previous = set_step_hook(full_and_read_only)
-    try:
-        with pytest.raises(OSError):
-            dead.append(letters.unreadable("otlp", 2, "b", "r"))
-    finally:
-        set_step_hook(previous)
+    # The disk is full after 7 bytes, then read-only: the cut back fails too.
+    with step_hook(full_after(7, read_only=True)), pytest.raises(OSError):
+        dead.append(letters.unreadable("otlp", 2, "b", "r"))
     dead.append(letters.unreadable("otlp", 3, "c", "r"))
     assert [x["seq"] for x in written(path)] == [1, 3]

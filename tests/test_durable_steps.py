@@ -27,6 +27,7 @@ from scheduled_events_exporter.platforms.durable import (
     write_all,
     write_atomically,
 )
+from tests.crashdisk import full_after, step_hook
 
 
 @pytest.fixture
@@ -148,29 +149,12 @@ def test_the_end_of_the_last_line_is_found_from_the_end(tmp_path: Path, content:
 Hook = Callable[[DiskStep], None]
 
 
-def full_after(prefix: int, then: Callable[[DiskStep], None] | None = None) -> Hook:
-    """A disk that takes ``prefix`` bytes of the next write, then is full."""
-
-    def hook(step: DiskStep) -> None:
-        if step.kind == "write":
-            os.write(step.fd, step.data[:prefix])
-            if then is not None:
-                then(step)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    return hook
-
-
 @pytest.mark.parametrize("prefix", [0, 1, 5])
 def test_an_append_that_fails_half_way_is_cut_back(tmp_path: Path, prefix: int) -> None:
     path = tmp_path / "otlp.log"
     path.write_bytes(b"kept\n")
-    previous = set_step_hook(full_after(prefix))
-    try:
-        with pytest.raises(OSError) as caught:
-            append_durably(path, b"lost line\n")
-    finally:
-        set_step_hook(previous)
+    with step_hook(full_after(prefix)), pytest.raises(OSError) as caught:
+        append_durably(path, b"lost line\n")
     assert caught.value.errno == errno.ENOSPC
     assert path.read_bytes() == b"kept\n"
 
@@ -180,19 +164,8 @@ def test_an_append_whose_cut_back_fails_too_still_says_why_it_failed(tmp_path: P
     still learns of the write's failure (the next writer cuts the tail first)."""
     path = tmp_path / "otlp.log"
     path.write_bytes(b"kept\n")
-
-    def read_only(step: DiskStep) -> None:
-        # From now on the open file refuses changes (ftruncate fails with EINVAL or EBADF).
-        readonly = os.open(path, os.O_RDONLY)
-        os.dup2(readonly, step.fd)
-        os.close(readonly)
-
-    previous = set_step_hook(full_after(3, read_only))
-    try:
-        with pytest.raises(OSError) as caught:
-            append_durably(path, b"lost line\n")
-    finally:
-        set_step_hook(previous)
+    with step_hook(full_after(3, read_only=True)), pytest.raises(OSError) as caught:
+        append_durably(path, b"lost line\n")
     assert caught.value.errno == errno.ENOSPC
     assert path.read_bytes() == b"kept\nlos"
 
@@ -200,12 +173,8 @@ def test_an_append_whose_cut_back_fails_too_still_says_why_it_failed(tmp_path: P
 def test_a_failed_atomic_write_leaves_the_file_and_no_temporary(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(b"old")
-    previous = set_step_hook(full_after(2))
-    try:
-        with pytest.raises(OSError):
-            write_atomically(path, b"new state")
-    finally:
-        set_step_hook(previous)
+    with step_hook(full_after(2)), pytest.raises(OSError):
+        write_atomically(path, b"new state")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
     assert path.read_bytes() == b"old"
 

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -63,7 +62,6 @@ def test_redeliver_sends_what_a_refusing_collector_dead_lettered_once_it_is_fixe
         refusing[0] = False  # the collector is fixed
         done = redeliver(env, "--sink", "otlp")
         assert done.returncode == 0, done
-        print(done.stdout, done.stderr, file=sys.stderr)
         assert done.stdout.count("redelivered:") == 3
         assert all("redelivered" in letter for letter in dead_letters(tmp_path))
         again = redeliver(env)
@@ -72,7 +70,8 @@ def test_redeliver_sends_what_a_refusing_collector_dead_lettered_once_it_is_fixe
 
         with ExporterProcess(env) as proc:
             collector.wait_for(lambda a: len(a) >= 3, 30, "the redelivered records")
-            time.sleep(1.0)  # a few more polls: nothing else arrives
+            sim.clear_requests()  # a few more polls: nothing else arrives
+            assert sim.wait_for_requests(3, 10), "three more polls"
             assert proc.terminate() == 0
     got = [a.uid for a in collector.accepted]
     assert sorted(got) == sorted(uids) and len(got) == 3, got
@@ -95,7 +94,8 @@ def test_redeliver_at_the_next_start_needs_no_stopped_exporter(
             assert proc.terminate() == 0
         with ExporterProcess(env) as proc:
             collector.wait_for(lambda a: len(a) >= 1, 30, "N-1 redelivered")
-            time.sleep(1.0)
+            sim.clear_requests()  # a few more polls: nothing else arrives
+            assert sim.wait_for_requests(3, 10), "three more polls"
             assert proc.terminate() == 0
     assert [a.event_id for a in collector.accepted] == ["N-1"]
     assert "redeliver request carried out: 1 records put back" in proc.stderr()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
 from scheduled_events_exporter.platforms.durable import DiskStep, set_step_hook
 from scheduled_events_exporter.records import TransitionRecord
+from tests.crashdisk import full_after, step_hook
 
 AT = datetime(2026, 11, 27, tzinfo=timezone.utc)
 
@@ -242,21 +242,9 @@ def test_after_an_append_that_failed_and_could_not_be_cut_back_the_next_cuts_fir
     spool = Spool(tmp_path, "otlp")
     spool.append([record(1)])
     log = tmp_path / "otlp.log"
-
-    def full_and_read_only(step: DiskStep) -> None:
-        if step.kind == "write":
-            os.write(step.fd, step.data[:7])
-            readonly = os.open(log, os.O_RDONLY)  # the cut back fails too
-            os.dup2(readonly, step.fd)
-            os.close(readonly)
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    previous = set_step_hook(full_and_read_only)
-    try:
-        with pytest.raises(OSError):
-            spool.append([record(2)])
-    finally:
-        set_step_hook(previous)
+    # The disk is full after 7 bytes, then read-only: the cut back fails too.
+    with step_hook(full_after(7, read_only=True)), pytest.raises(OSError):
+        spool.append([record(2)])
     assert log.read_bytes() == line(1) + line(2)[:7]
     spool.append([record(2)])
     assert log.read_bytes() == line(1) + line(2)
