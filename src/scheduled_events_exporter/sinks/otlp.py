@@ -52,12 +52,7 @@ from scheduled_events_exporter.otlp_settings import OtlpTarget, grpc_scheme
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.sinks.metric_backlog import KeptBatch, MetricBacklog
 from scheduled_events_exporter.sinks.on_change_reader import OnChangeMetricReader
-from scheduled_events_exporter.sinks.otlp_errors import (
-    classify_grpc,
-    classify_http,
-    describe,
-    export_error,
-)
+from scheduled_events_exporter.sinks.otlp_errors import answer_kind, describe, export_error
 from scheduled_events_exporter.sinks.otlp_proto import (
     as_json,
     data_points,
@@ -238,10 +233,7 @@ class OtlpMetricExporter(MetricExporter):
     def _refused_for_good(self, answer: Answer) -> bool:
         """A refusal that would come again for the same request (not throttling, not an
         outage, not a configuration error)."""
-        status = answer.status
-        kind = (classify_http(status) if isinstance(status, int) or status is None
-                else classify_grpc(status, answer.retry_after is not None, answer.detail))
-        return kind in (FailureKind.PERMANENT, FailureKind.TOO_LARGE)
+        return answer_kind(answer) in (FailureKind.PERMANENT, FailureKind.TOO_LARGE)
 
     def _accepted(self, answer: Answer) -> None:
         if answer.rejected:

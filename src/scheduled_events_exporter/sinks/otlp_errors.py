@@ -92,6 +92,14 @@ def classify_grpc(name: str | None, retry_info: bool = False,
     return FailureKind.TRANSIENT
 
 
+def answer_kind(answer: Answer) -> FailureKind:
+    """What a failed export's answer comes to (an HTTP status, a gRPC status, or none)."""
+    status = answer.status
+    if isinstance(status, str):
+        return classify_grpc(status, answer.retry_after is not None, answer.detail)
+    return classify_http(status)
+
+
 def tried(answer: Answer) -> str:
     """`` to POST <url>`` (or the gRPC method and target) for an answer that says it was the
     wrong place, with a word on a signal path given twice; ``""`` for any other answer."""
@@ -111,15 +119,14 @@ def export_error(answer: Answer, count: int) -> DeliveryError:
     if status is None:
         return DeliveryError(f"OTLP log export of {count} records failed (no answer{said})",
                              retry_after=answer.retry_after)
+    kind = answer_kind(answer)
     if isinstance(status, int):
-        kind, shown, meaning = classify_http(status), f"HTTP {status}", CONFIG_HTTP.get(status)
+        shown, meaning = f"HTTP {status}", CONFIG_HTTP.get(status)
         if 300 <= status < 400:
             meaning = (f"redirected to {answer.location or '(no Location)'}, and redirects are "
                        "not followed (set the endpoint to where the collector is)")
     else:
-        kind, shown, meaning = (classify_grpc(status, answer.retry_after is not None,
-                                              answer.detail),
-                                f"gRPC {status}", CONFIG_GRPC.get(status))
+        shown, meaning = f"gRPC {status}", CONFIG_GRPC.get(status)
     if kind is FailureKind.CONFIG:
         return DeliveryError(f"OTLP collector answered {shown}{tried(answer)}: {meaning}; "
                              f"{_CONFIG_HINT}", kind, shown)
