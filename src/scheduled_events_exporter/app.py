@@ -437,15 +437,13 @@ def _redeliver_requested(state_dir: Path) -> bool:
                      "(spool seq %d)", item.letter.sink, item.letter.status,
                      item.letter.event_id or "-", item.letter.transition,
                      item.letter.record_id, seq)
-        already = 0
         for skip in chosen.skipped:
-            if skip.reason == redrive.ALREADY:
-                already += 1  # said as a count: they pile up over the weeks
-                continue
-            log.warning("redeliver: skipped RecordId %s of sink %s: %s",
-                        skip.letter.record_id or "-", skip.letter.sink, skip.reason)
+            if skip.reason != redrive.ALREADY:
+                log.warning("redeliver: skipped RecordId %s of sink %s: %s",
+                            skip.letter.record_id or "-", skip.letter.sink, skip.reason)
         log.info("redeliver request carried out: %d records put back, %d skipped (%d of them "
-                 "redelivered before)", len(applied), len(chosen.skipped), already)
+                 "redelivered before)", len(applied), len(chosen.skipped),
+                 chosen.redelivered_before)
     return True
 
 

@@ -197,7 +197,7 @@ def _report(chosen: redrive.Plan, applied: list[tuple[redrive.Taken, int]] | Non
 
 def summary(chosen: redrive.Plan, applied: bool) -> str:
     """One line: how many records (would) go back to which spools, how many were skipped."""
-    already = sum(1 for skip in chosen.skipped if skip.reason == redrive.ALREADY)
+    already = chosen.redelivered_before
     skipped = (f"{len(chosen.skipped)} skipped ({already} of them redelivered before)"
                if already else f"{len(chosen.skipped)} skipped")
     if not chosen.taken:

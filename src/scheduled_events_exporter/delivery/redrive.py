@@ -84,6 +84,12 @@ class Plan:
     taken: tuple[Taken, ...]
     skipped: tuple[Skipped, ...]
 
+    @property
+    def redelivered_before(self) -> int:
+        """How many of the skipped letters were put back before (said as a count: they pile
+        up over the weeks)."""
+        return sum(1 for skip in self.skipped if skip.reason == ALREADY)
+
 
 def letter_files(directory: Path) -> list[Path]:
     """The dead-letter files, oldest first."""
