@@ -128,9 +128,6 @@ class DeadLetterFile:
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / FILE_NAME
-        # False until the file is known to end with a newline (checked before the first
-        # append of this process, and again after an append that failed).
-        self._tail_sound = False
         self.watch = WriteWatch(self.path, "dead-letter file",
                                 "the rejected record is only in the log line above")
 
@@ -147,19 +144,14 @@ class DeadLetterFile:
         data = letter.to_json()
         with self._lock, self.watch.guard():
             FILES.make_dirs(self.path.parent)
-            if not self._tail_sound:
-                done, size = mend_tail(self.path, _whole_letter)
-                if done:
-                    log.warning("dead-letter file %s: %s the last %d bytes, a letter a crash "
-                                "left unfinished", self.path, done, size)
-                self._tail_sound = True
+            # Before every append (a failed one may leave a tail it could not cut back).
+            done, size = mend_tail(self.path, _whole_letter)
+            if done:
+                log.warning("dead-letter file %s: %s the last %d bytes, a letter a crash "
+                            "left unfinished", self.path, done, size)
             if _size(self.path) + len(data) > MAX_BYTES:
                 replace_durably(self.path, self.path.with_name(FILE_NAME + ".1"))
-            try:
-                append_durably(self.path, data)
-            except OSError:
-                self._tail_sound = False
-                raise
+            append_durably(self.path, data)
 
     def probe(self) -> None:
         """After a failed append: write and remove a small file next to it, to learn (and show

@@ -54,9 +54,6 @@ class Spool:
         self.last_seq = self.acked
         self._pending: list[TransitionRecord] = []
         self._loaded = False
-        # False until the log is known to end with a newline (checked and, if need be, mended
-        # before the first append, and again after an append that failed half-way).
-        self._tail_sound = False
         # Unreadable lines still in the log (the dead-letter file could not take them yet):
         # every rewrite keeps them whatever their sequence number, they are offered again at
         # each acknowledgement and at the next start, and the ack cursor on disk stays below
@@ -144,7 +141,6 @@ class Spool:
             log.warning("spool %s: cut off the last %d bytes, a line a crash left unfinished "
                         "(its append never returned; its records are appended again from the "
                         "state file)", self.sink, size)
-        self._tail_sound = True
 
     def _offer_held(self) -> None:
         """Hand each held unreadable line to the caller's ``reject``, then rewrite the log
@@ -168,7 +164,6 @@ class Spool:
                 write_atomically(self.log_path, b"".join(kept))
         except OSError:
             return  # the dead-letter file has them and the log still does: offered again
-        self._tail_sound = True
 
     def append(self, records: Sequence[TransitionRecord]) -> list[TransitionRecord]:
         """Durably append the records not already here; returns those actually appended.
@@ -189,13 +184,11 @@ class Spool:
                 for r in fresh
             )
             with self.watch.guard():
-                if not self._tail_sound:
-                    self._mend_tail()
-                try:
-                    append_durably(self.log_path, data)
-                except OSError:
-                    self._tail_sound = False
-                    raise
+                # Checked before every append, not once: a failed append may leave a tail its
+                # cut back could not remove (a read only disk), and reading the last block
+                # costs nothing beside the append's fsync.
+                self._mend_tail()
+                append_durably(self.log_path, data)
             self.last_seq = fresh[-1].seq
             return fresh
 
@@ -225,7 +218,6 @@ class Spool:
         if seq >= self.last_seq and not self._held:
             # All delivered: the log restarts empty (the common, steady-state case).
             write_atomically(self.log_path, b"")
-            self._tail_sound = True
             return
         try:
             size = self.log_path.stat().st_size
@@ -238,7 +230,6 @@ class Spool:
             kept = [line for line in self._whole_lines() if line in self._held
                     or (line_seq := _line_seq(line)) is None or line_seq > seq]
             write_atomically(self.log_path, b"".join(kept))
-            self._tail_sound = True
 
     def _read_ack(self) -> int:
         try:
