@@ -91,8 +91,8 @@ class Spool:
                         None, line.decode("utf-8", "replace").rstrip("\n")[:4096],
                         f"line {number} is not JSON")))
                     continue
-                seq = item.get("seq") if isinstance(item, dict) else None
-                if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                seq = _seq_of(item)
+                if seq is None:
                     unreadable.append((number - 1, UnreadableLine(
                         None, item, f"line {number}: expected an object with a sequence number "
                                     f"\"seq\", got {type(item).__name__}")))
@@ -278,7 +278,12 @@ def _cursor(text: str) -> int:
 def _line_seq(line: bytes) -> int | None:
     """The sequence number of a spool line, ``None`` when it is not a line of ours."""
     try:
-        seq = json.loads(line)["seq"]
-    except (ValueError, KeyError, TypeError, RecursionError):
+        return _seq_of(json.loads(line))
+    except (ValueError, RecursionError):
         return None
+
+
+def _seq_of(item: object) -> int | None:
+    """A decoded line's sequence number, ``None`` when it has no usable one."""
+    seq = item.get("seq") if isinstance(item, dict) else None
     return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
