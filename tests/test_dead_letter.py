@@ -171,7 +171,8 @@ def test_a_file_that_cannot_be_written_is_reported_until_it_can(
     assert (dead.fault.file, dead.fault.error) == (str(state / "dead-letter.jsonl"), error)
     assert caplog.messages == [
         f"cannot write the dead-letter file {state / 'dead-letter.jsonl'} ({error}); the "
-        "rejected record is only in the log line above; retrying until it is writable again"]
+        "rejected record is kept in its spool until it can be; retrying until it is writable "
+        "again"]
     dead.probe()  # still failing: no exception, the fault stays
     assert dead.fault is not None
     state.unlink()

@@ -342,7 +342,26 @@ def test_a_record_refused_alone_for_its_size_is_tried_once_more_then_dead_letter
         "continuing with the next record"]
 
 
-def test_a_record_refused_alone_no_larger_than_one_that_passed_is_retried_as_busy(
+def test_a_record_refused_alone_with_proof_is_dead_lettered_whatever_passed_before(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A proxy that limits the compressed body (or a limit that dropped) refuses a record no
+    # larger than requests it accepted: the proof is the answer, not the sizes that passed.
+    big = record(1, "x" * 4000)
+    rig = Rig(tmp_path, lambda n, seqs: DeliveryError("too large", FailureKind.TOO_LARGE,
+                                                      "HTTP 413") if 2 in seqs else None)
+    rig.worker.submit([big])
+    with caplog.at_level(logging.WARNING, logger=LOGGER), rig.running():
+        rig.drain()
+        rig.worker.submit([record(2), record(3)])
+        rig.drain()
+    assert approximate_size(big) > 2 * S
+    assert rig.peer.attempts == [[1], [2, 3], [2], [2], [3]]
+    assert [x["record_id"] for x in letters_in(tmp_path)] == ["rid-2"]
+    assert rig.peer.accepted == [1, 3]
+    assert rig.failures == [("otlp", "dead_letter", 1)]
+
+
+def test_a_record_refused_alone_with_proof_once_and_then_accepted_is_delivered(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rig = Rig(tmp_path, lambda n, seqs: DeliveryError("too large", FailureKind.TOO_LARGE,
                                                       "HTTP 413") if n == 2 else None)
@@ -353,9 +372,10 @@ def test_a_record_refused_alone_no_larger_than_one_that_passed_is_retried_as_bus
         rig.drain()
     assert rig.peer.attempts == [[1], [2], [2]]
     assert letters_in(tmp_path) == []
-    assert rig.failures == [("otlp", "logs", 1)]
-    assert said(caplog) == ["sink otlp: delivery failed, will retry: too large",
-                            "sink otlp: delivering again after 1 failed attempts"]
+    assert rig.failures == []
+    assert said(caplog) == [
+        f"sink otlp: the record of seq 2 (about {S} bytes) was refused for its size on its own "
+        "(HTTP 413); trying it once more after a pause before it goes to the dead-letter file"]
 
 
 def test_any_failure_keeps_the_records_and_is_counted_once_per_attempt(
@@ -688,26 +708,54 @@ def quick_repairs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_module, "STORAGE_RETRY", 0.01)
 
 
-def test_an_unwritable_dead_letter_file_keeps_the_letter_in_the_log_and_is_repaired_idle(
+def test_a_record_whose_letter_cannot_be_written_stays_in_the_spool_until_it_can(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, quick_repairs: None) -> None:
     (tmp_path / "dead-letter.jsonl").mkdir()  # cannot be appended to
-    rig = Rig(tmp_path, lambda n, seqs: permanent("refused") if seqs == [1] else None)
-    with caplog.at_level(logging.ERROR, logger=LOGGER), rig.running():
-        rig.worker.submit([record(1)])
+    rig = Rig(tmp_path, lambda n, seqs: permanent("refused") if 1 in seqs else None)
+    spooled = tmp_path / "spool" / "otlp.log"
+    with caplog.at_level(logging.WARNING, logger=LOGGER), rig.running():
+        rig.worker.submit([record(1), record(2), record(3)])
         rig.drain()
-        [fault] = rig.worker.status().write_faults
+        # The records behind it flow; the refused one waits in the spool, the cursor below it.
+        assert rig.peer.accepted == [2, 3]
+        status = rig.worker.status()
+        assert status.letters_waiting == 1
+        [fault] = status.write_faults
         assert fault.file == str(tmp_path / "dead-letter.jsonl")
+        assert [json.loads(x)["seq"] for x in spooled.read_text().splitlines()] == [1]
+        assert (tmp_path / "spool" / "otlp.ack").read_text() == "0"
         (tmp_path / "dead-letter.jsonl").rmdir()
-        # Idle: nothing else to send, yet the file is tried again and the fault clears.
-        wait_until(lambda: rig.worker.status().write_faults == (), "the repair")
-        rig.worker.submit([record(2)])
+        # Idle: nothing else to send, yet the letter is written and the record leaves.
+        wait_until(lambda: rig.worker.status().letters_waiting == 0, "the letter")
+        assert rig.worker.status().write_faults == ()
+    assert [x["record_id"] for x in letters_in(tmp_path)] == ["rid-1"]
+    assert spooled.read_text() == ""
+    assert (tmp_path / "spool" / "otlp.ack").read_text() == "3"
+    assert rig.failures == [("otlp", "dead_letter", 1)]
+    messages = said(caplog)
+    assert "sending them one at a time" in messages[0]
+    assert "kept in the spool until the dead-letter file can take its letter" in messages[1]
+    assert messages[2:] == [
+        "sink otlp: the letter of the record of seq 1 (RecordId rid-1) is written now "
+        f"({tmp_path / 'dead-letter.jsonl'}); the record leaves the spool"]
+
+
+def test_a_record_held_for_its_letter_is_sent_again_after_a_restart(
+        tmp_path: Path, quick_repairs: None) -> None:
+    (tmp_path / "dead-letter.jsonl").mkdir()
+    rig = Rig(tmp_path, lambda n, seqs: permanent("refused") if 1 in seqs else None)
+    with rig.running():
+        rig.worker.submit([record(1), record(2)])
         rig.drain()
-    assert rig.peer.accepted == [2]
-    [message] = said(caplog)
-    assert "\n" not in message
-    head = "not kept (dead-letter file unwritable): "
-    letter = json.loads(message[message.index(head) + len(head):message.rindex("; continuing")])
-    assert (letter["record_id"], letter["payload"]) == ("rid-1", {"sent": "rid-1"})
+    assert rig.peer.attempts == [[1, 2], [1], [2]]
+    # A stop (or a crash) now: the next start finds the refused record in the spool, and can
+    # letter it this time; the one delivered behind it is not sent again.
+    (tmp_path / "dead-letter.jsonl").rmdir()
+    again = Rig(tmp_path, lambda n, seqs: permanent("refused") if 1 in seqs else None)
+    with again.running():
+        again.drain()
+    assert again.peer.attempts == [[1]]
+    assert [x["record_id"] for x in letters_in(tmp_path)] == ["rid-1"]
 
 
 def test_an_unwritable_ack_cursor_is_repaired_idle_and_never_passes_what_was_sent(

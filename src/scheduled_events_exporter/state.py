@@ -268,3 +268,20 @@ def _read_outbox(outbox: list[object], ignored: set[str]
             unreadable.append(UnreadableLine(seq, {"seq": seq, "record": raw},
                                              f"outbox entry {index}: {str(exc)[:500]}"))
     return tuple(records), tuple(unreadable)
+
+
+def read_outbox(directory: Path) -> tuple[int, tuple[TransitionRecord, ...]]:
+    """The state file's ``seq`` and the outbox records this release can read, read only (for
+    ``redeliver``, which must not number anything below them); ``(0, ())`` when there is no
+    usable file (the exporter's next start then says why, and sets nothing aside here)."""
+    try:
+        data = json.loads((directory / STATE_FILE).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return 0, ()
+    if not isinstance(data, dict):
+        return 0, ()
+    seq = data.get("seq", 0)
+    outbox = data.get("outbox", [])
+    records, _ = _read_outbox(outbox if isinstance(outbox, list) else [], set())
+    valid = isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0
+    return (seq if valid else 0), records

@@ -24,11 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import ClassVar
 
 from scheduled_events_exporter.codec import encode_record
 from scheduled_events_exporter.platforms.durable import (
     append_durably,
     mend_tail,
+    remove_durably,
     replace_durably,
     write_all,
 )
@@ -39,9 +41,38 @@ from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 log = logging.getLogger(__name__)
 
 FILE_NAME = "dead-letter.jsonl"
-#: Past this size the file is renamed to ``dead-letter.jsonl.1`` (replacing an older one), so a
-#: collector that rejects everything cannot fill the state volume.
+#: Past this size the file becomes the newest of the older generations
+#: (``dead-letter.jsonl.1``; each older one moves up a number), so that a collector that
+#: rejects everything cannot fill the state volume.
 MAX_BYTES = 16 * 1024 * 1024
+#: Files kept, the one written to included: at most about ``GENERATIONS * MAX_BYTES`` on disk.
+#: Only when every older generation is taken is the oldest removed, and never silently: its
+#: letters are counted per sink, logged at ERROR, counted in
+#: ``export.failures{signal="dead_letter_dropped"}`` and shown in ``/readyz``.
+GENERATIONS = 4
+
+
+def generation(directory: Path, number: int) -> Path:
+    """The file of generation ``number`` (0: the one written to; higher: older)."""
+    return directory / (FILE_NAME if number == 0 else f"{FILE_NAME}.{number}")
+
+
+def generations(directory: Path) -> list[Path]:
+    """Every dead-letter file kept in ``directory``, oldest first (what ``redeliver`` reads)."""
+    return [p for p in (generation(directory, n) for n in range(GENERATIONS - 1, -1, -1))
+            if p.exists()]
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """What the bound removed to make room: the oldest generation and the letters it held."""
+
+    path: Path
+    letters: int
+    #: Letters ``redeliver`` had not put back.
+    unredelivered: int
+    #: Letters per sink.
+    by_sink: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,25 +155,36 @@ def unreadable(sink: str, seq: int | None, content: object, reason: str,
 class DeadLetterFile:
     """Appends :class:`DeadLetter` lines to ``directory/dead-letter.jsonl`` (fsynced)."""
 
-    _lock = threading.Lock()  # shared by every sink's worker: one writer at a time per process
+    #: One writer at a time per process, every sink's worker and ``redeliver``'s marks.
+    lock = threading.Lock()
+    #: Letters the bound removed since start, per file and sink: every sink writes the one
+    #: file through an object of its own, and each sink's status says how many of its own.
+    _removed: ClassVar[dict[Path, dict[str, int]]] = {}
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / FILE_NAME
         self.watch = WriteWatch(self.path, "dead-letter file",
-                                "the rejected record is only in the log line above")
+                                "the rejected record is kept in its spool until it can be")
 
     @property
     def fault(self) -> WriteFault | None:
         """Why the last append failed, while it does."""
         return self.watch.fault
 
-    def append(self, letter: DeadLetter) -> None:
-        """Append one line; raises ``OSError`` (logged once per streak by the watch).
+    def removed_of(self, sink: str) -> int:
+        """How many of ``sink``'s letters the bound removed since start."""
+        with self.lock:
+            return self._removed.get(self.path, {}).get(sink, 0)
+
+    def append(self, letter: DeadLetter) -> Removed | None:
+        """Append one line; raises ``OSError`` (logged once per streak by the watch). Returns
+        what the bound removed to make room, if it had to (the caller says and counts it).
 
         A letter a crash cut short at the end of the file is cut off first (or completed, when
         only its newline was lost), so the next letter never merges with it."""
         data = letter.to_json()
-        with self._lock, self.watch.guard():
+        removed = None
+        with self.lock, self.watch.guard():
             FILES.make_dirs(self.path.parent)
             # Before every append (a failed one may leave a tail it could not cut back).
             done, size = mend_tail(self.path, _whole_letter)
@@ -150,8 +192,29 @@ class DeadLetterFile:
                 log.warning("dead-letter file %s: %s the last %d bytes, a letter a crash "
                             "left unfinished", self.path, done, size)
             if _size(self.path) + len(data) > MAX_BYTES:
-                replace_durably(self.path, self.path.with_name(FILE_NAME + ".1"))
+                removed = self._rotate()
             append_durably(self.path, data)
+        return removed
+
+    def _rotate(self) -> Removed | None:
+        """Make the file written to the newest older generation. Only renames into a free
+        number, from the highest down, so a crash between two renames leaves every letter in
+        some generation; the oldest is removed only when every number is taken."""
+        directory = self.path.parent
+        free = next((n for n in range(1, GENERATIONS) if not generation(directory, n).exists()),
+                    None)
+        removed = None
+        if free is None:
+            free = GENERATIONS - 1
+            removed = _count(generation(directory, free))
+            remove_durably(generation(directory, free))
+            counts = self._removed.setdefault(self.path, {})
+            for sink, count in removed.by_sink.items():
+                counts[sink] = counts.get(sink, 0) + count
+        for number in range(free - 1, 0, -1):
+            replace_durably(generation(directory, number), generation(directory, number + 1))
+        replace_durably(self.path, generation(directory, 1))
+        return removed
 
     def probe(self) -> None:
         """After a failed append: write and remove a small file next to it, to learn (and show
@@ -161,7 +224,7 @@ class DeadLetterFile:
         # Unpredictable and created exclusively, never through a planted symlink.
         probe = self.path.with_name(f".{FILE_NAME}.{secrets.token_hex(8)}.probe")
         # Still failing: the watch keeps the fault (and logged the streak once).
-        with self._lock, contextlib.suppress(OSError), self.watch.guard():
+        with self.lock, contextlib.suppress(OSError), self.watch.guard():
             fd = FILES.open_new(probe)
             try:
                 write_all(fd, b"probe\n")
@@ -170,6 +233,29 @@ class DeadLetterFile:
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     os.unlink(probe)
+
+
+def _count(path: Path) -> Removed:
+    """The letters of a generation about to be removed, counted per sink."""
+    letters = unredelivered = 0
+    by_sink: dict[str, int] = {}
+    try:
+        data = path.read_bytes()
+    except OSError:
+        data = b""
+    for line in data.splitlines():
+        try:
+            item = json.loads(line)
+        except (ValueError, RecursionError):
+            item = None
+        if not isinstance(item, dict):
+            continue
+        letters += 1
+        sink = item.get("sink") if isinstance(item.get("sink"), str) else "unknown"
+        by_sink[str(sink)] = by_sink.get(str(sink), 0) + 1
+        if "redelivered" not in item:
+            unredelivered += 1
+    return Removed(path, letters, unredelivered, by_sink)
 
 
 def _whole_letter(tail: bytes) -> bool:

@@ -71,6 +71,11 @@ class SinkStatus:
     max_request_bytes: int = 0
     #: Seconds until the next request may go (the peer's requested pause, or our backoff).
     paused_for: float = 0.0
+    #: Records refused for good whose letters the dead-letter file could not take yet: they
+    #: stay in the spool until it can.
+    letters_waiting: int = 0
+    #: This sink's letters the dead-letter file's bound removed since start (gone for good).
+    letters_removed: int = 0
 
 
 #: Counts a failure: (sink, signal, count); the ``export.failures`` metric.

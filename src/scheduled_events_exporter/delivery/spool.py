@@ -59,6 +59,9 @@ class Spool:
         # each acknowledgement and at the next start, and the ack cursor on disk stays below
         # them (else the next start would take them for delivered and never offer them).
         self._held: dict[bytes, UnreadableLine] = {}
+        # Records refused for good whose letters are not written yet (the dead-letter file
+        # could not take them): kept by every rewrite, the cursor on disk below them.
+        self._kept: set[int] = set()
         self._reject: Reject | None = None
         self.watch = WriteWatch(self.log_path, f"spool of sink {sink}",
                                 "its records are held in memory (a crash now would lose them)")
@@ -201,6 +204,32 @@ class Spool:
             with self.watch.guard(self.ack_path):
                 self._write_ack(seq)
 
+    def remove(self, seqs: Collection[int]) -> None:
+        """Take back the lines of ``seqs`` (a put-back that could not finish): the log is
+        rewritten without them, and the highest sequence number is what it was before they
+        were appended. Raises ``OSError`` when the log cannot be rewritten."""
+        with self._lock, self.watch.guard():
+            kept = [line for line in self._whole_lines() if _line_seq(line) not in seqs]
+            write_atomically(self.log_path, b"".join(kept))
+            remaining = [seq for line in kept if (seq := _line_seq(line)) is not None]
+            self.last_seq = max([self.acked, *remaining])
+            self._pending = [r for r in self._pending if r.seq not in seqs]
+
+    def hold(self, seq: int) -> None:
+        """Keep the record of ``seq`` here, whatever is acknowledged after it, until
+        :meth:`release`: it was refused for good and its letter is not durable yet."""
+        with self._lock:
+            self._kept.add(seq)
+
+    def release(self, seq: int) -> None:
+        """The letter of ``seq`` is durable: the record may leave (the cursor moves past it).
+        Raises ``OSError`` when the cursor cannot be written (the next ack writes it)."""
+        with self._lock:
+            self._kept.discard(seq)
+            if self.acked:
+                with self.watch.guard(self.ack_path):
+                    self._write_ack(self.acked)
+
     def probe(self, seq: int) -> None:
         """Write the ack cursor (at least ``seq``) even when it did not change: after a write
         failure, tells whether the disk is writable again although nothing waits to be written.
@@ -211,11 +240,12 @@ class Spool:
     def _write_ack(self, seq: int) -> None:
         self._offer_held()  # the dead-letter file may take them now
         held = [what.seq for what in self._held.values() if what.seq is not None]
+        held.extend(self._kept)
         # Below a held line the cursor must not pass: the next start offers it again.
         cursor = min(seq, min(held) - 1) if held else seq
         write_atomically(self.ack_path, str(max(cursor, 0)).encode())
         self.acked = seq
-        if seq >= self.last_seq and not self._held:
+        if seq >= self.last_seq and not self._held and not self._kept:
             # All delivered: the log restarts empty (the common, steady-state case).
             write_atomically(self.log_path, b"")
             return
@@ -228,7 +258,8 @@ class Spool:
             # line whose sequence number cannot be read is kept too (it is not ours to drop),
             # a torn tail is not (it is not a line).
             kept = [line for line in self._whole_lines() if line in self._held
-                    or (line_seq := _line_seq(line)) is None or line_seq > seq]
+                    or (line_seq := _line_seq(line)) is None or line_seq > seq
+                    or line_seq in self._kept]
             write_atomically(self.log_path, b"".join(kept))
 
     def _read_ack(self) -> int:

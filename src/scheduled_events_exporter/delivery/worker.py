@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduled_events_exporter import failpoints
 from scheduled_events_exporter.codec import UnreadableLine
@@ -53,6 +53,16 @@ from scheduled_events_exporter.delivery.outcome import (
     SinkStatus,
 )
 from scheduled_events_exporter.delivery.pause import Pause
+from scheduled_events_exporter.delivery.refusal import (
+    Act,
+    Answer,
+    Decision,
+    History,
+    Request,
+    Why,
+    decide,
+    next_request,
+)
 from scheduled_events_exporter.delivery.rejections import Rejections
 from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.records import (
@@ -119,6 +129,13 @@ class DeliveryWorker:
         self._pause = pause if pause is not None else Pause(clock)
         self._bound = RequestBound(MAX_BATCH_BYTES)
         self._rejections = Rejections()
+        #: What the answers so far imply (:mod:`.refusal`); the worker's thread only.
+        self._history = History()
+        self._backoff_now = backoff[0]
+        #: Letters of records refused for good that the dead-letter file could not take yet
+        #: (seq → letter): the records stay in the spool (the ack cursor below them) until
+        #: their letters are written.
+        self._unlettered: dict[int, letters.DeadLetter] = {}
         self._spool = spool
         self._dead_letter = dead_letter
         self._payload = payload
@@ -303,21 +320,12 @@ class DeliveryWorker:
                 request_bytes=self._bound.current,
                 max_request_bytes=self._bound.maximum,
                 paused_for=self._pause.remaining() if self._queue else 0.0,
+                letters_waiting=len(self._unlettered),
+                letters_removed=(self._dead_letter.removed_of(self.name)
+                                 if self._dead_letter is not None else 0),
             )
 
     def _run(self) -> None:
-        first_wait, longest_wait = self._backoff
-        backoff = first_wait
-        # While records up to this sequence number are in the queue, send them one at a time:
-        # a batch containing them was rejected permanently and the culprit is not known yet.
-        isolate_until = 0
-        # A record refused for its size on its own once already: the next refusal, after a
-        # backoff, dead-letters it.
-        refused_alone: int | None = None
-        # In this streak of failures the peer refused, without a reason, a request no larger
-        # than one it accepted: it is busy, and a larger request refused meanwhile (the
-        # records queued during the overload) proves nothing about size.
-        busy = False
         while True:
             with self._cond:
                 while not self._stopping:
@@ -334,90 +342,129 @@ class DeliveryWorker:
                     self._cond.wait(left)
                 if self._stopping:
                     return
-                size = 1 if self._queue and self._queue[0].seq <= isolate_until else MAX_BATCH
-                batch: list[_Queued] = []
-                held = 0
-                for queued in self._queue:  # by count and by bytes: encoding copies a batch
-                    if batch and (len(batch) >= size
-                                  or held + queued.size > self._bound.current):
-                        break
-                    batch.append(queued)
-                    held += queued.size
-            if self._storage_faulty():
-                self._repair_storage()  # the disk may be writable again
-            if not batch:
-                continue
-            try:
-                self._deliver([q.record for q in batch])
-            except Exception as exc:  # any sink failure must keep the records, never kill us
-                error = exc if isinstance(exc, DeliveryError) else DeliveryError(
-                    f"{type(exc).__name__}: {exc}")
-                kind, proven = error.kind, error.kind is FailureKind.TOO_LARGE
-                if kind is FailureKind.EXHAUSTED:
-                    busy = busy or not self._bound.proves_size(held)
-                    kind = FailureKind.TRANSIENT if busy else FailureKind.TOO_LARGE
-                if kind is FailureKind.PERMANENT:
-                    if len(batch) > 1:
-                        isolate_until = batch[-1].seq
-                        log.warning("sink %s: a batch of %d records was rejected (%s); "
-                                    "sending them one at a time to find the culprit",
-                                    self.name, len(batch), error.status or error)
-                    else:
-                        self._reject(batch[0], error)
+            self.step()
+
+    def step(self) -> bool:
+        """One attempt, if one is due now: repair what a disk fault left, send the next request
+        (its shape: :func:`.refusal.next_request`), read the answer, decide
+        (:func:`.refusal.decide`) and act. False when nothing was sent (nothing waits, or the
+        peer's pause lasts). The worker's thread calls it; a test may call it instead of
+        starting the thread."""
+        if self._storage_faulty():
+            self._repair_storage()  # the disk may be writable again
+        with self._cond:
+            if self._pause.remaining() > 0:
+                return False
+            shape = next_request(self._history, [q.seq for q in self._queue])
+            if shape is None:
+                return False
+            batch: list[_Queued] = []
+            held = 0
+            for queued in self._queue:  # by count and by bytes: encoding copies a batch
+                if queued.seq < shape.first or queued.seq in self._history.ahead:
                     continue
-                if kind is FailureKind.TOO_LARGE and len(batch) > 1:
-                    bound = self._bound.halve(held, self._clock(), proven)
-                    log.warning("sink %s: a request of %d records (about %d bytes) was refused "
-                                "for its size (%s); after a pause, at most about %d bytes per "
-                                "request (growing back after %d accepted in a row)", self.name,
-                                len(batch), held, error.status or error, bound, GROW_AFTER)
-                elif kind is FailureKind.TOO_LARGE and (not proven
-                                                         or self._bound.largest_accepted >= held):
-                    # Alone, and only our inference says size (a busy collector refuses the
-                    # halved requests of a burst just the same), or no larger than what passed
-                    # before: never dead-lettered for that; retried as busy.
-                    self._note_failure(error)
-                elif kind is FailureKind.TOO_LARGE and refused_alone == batch[0].seq:
-                    refused_alone = None
-                    self._reject(batch[0], error)
-                    continue
-                elif kind is FailureKind.TOO_LARGE:
-                    refused_alone = batch[0].seq
-                    log.warning("sink %s: the record of seq %d (about %d bytes) was refused "
-                                "for its size on its own (%s); trying it once more after a "
-                                "pause before it goes to the dead-letter file", self.name,
-                                batch[0].seq, held, error.status or error)
-                else:
-                    self._note_failure(error)
-                requested = error.retry_after or 0.0
-                # A failed export leaves reference cycles (exception, traceback, frames) that
-                # hold its encoded request; the cyclic GC counts objects, not bytes, so with a
-                # few huge records they would pile up for minutes. Failures are rare and slow.
-                del error, exc
-                gc.collect()
-                # Full jitter keeps a fleet that lost its collector together from retrying in
-                # lockstep; a peer that said how long to wait is believed (capped by Pause).
-                self._pause.hold(max(backoff * (0.5 + random.random() / 2), requested))
-                backoff = min(backoff * 2, longest_wait)
-                continue
-            backoff = first_wait
-            refused_alone = None
-            busy = False
-            self._bound.accepted(held, self._clock())
+                if batch and (shape.alone or len(batch) >= MAX_BATCH
+                              or held + queued.size > self._bound.current):
+                    break
+                batch.append(queued)
+                held += queued.size
+        request = Request(batch[0].seq, batch[-1].seq, len(batch), held, shape.probe)
+        try:
+            self._deliver([q.record for q in batch])
+        except Exception as exc:  # any sink failure must keep the records, never kill us
+            error = exc if isinstance(exc, DeliveryError) else DeliveryError(
+                f"{type(exc).__name__}: {exc}")
+            del exc
+            self._act(batch, request, error, decide(
+                self._history, request, Answer(error.kind, self._bound.proves_size(held))))
+            # A failed export leaves reference cycles (exception, traceback, frames) that
+            # hold its encoded request; the cyclic GC counts objects, not bytes, so with a
+            # few huge records they would pile up for minutes. Failures are rare and slow.
+            del error
+            gc.collect()
+            return True
+        self._act(batch, request, None, decide(self._history, request, Answer(None)))
+        return True
+
+    def _act(self, batch: list[_Queued], request: Request, error: DeliveryError | None,
+             decision: Decision) -> None:
+        """Do what ``decision`` says with the records of ``batch``."""
+        act, why = decision.act, decision.why
+        before = self._history
+        self._history = decision.history
+        if act is Act.DELIVERED or act is Act.DELIVERED_AHEAD:
+            self._backoff_now = self._backoff[0]
+            self._bound.accepted(request.size, self._clock())
             with self._cond:
                 self._rejections.delivered(len(batch))
-            last = batch[-1].seq
+            if act is Act.DELIVERED_AHEAD:
+                log.warning("sink %s: the record of seq %d, sent alone ahead of seq %d, was "
+                            "accepted: seq %d is tried once more, and goes to the dead-letter "
+                            "file if it is refused again", self.name, request.first,
+                            before.suspect, before.suspect)
+                return
             failpoints.hit("after_deliver")
-            self._ack(last)
-            self._done(last)
+            self._settle(request.last)
+            return
+        assert error is not None
+        status = error.status or str(error)
+        if act is Act.DEAD_LETTER:
+            queued = batch[0]
+            if why is Why.CONVICTED:
+                error = DeliveryError(
+                    f"{error} (refused {before.refusals} times in a row, then again after the "
+                    "record behind it was accepted: this record is the cause)", error.kind,
+                    error.status)
+            self._reject(queued, error, ahead=request.probe)
+            return
+        if act is Act.ISOLATE:
+            log.warning("sink %s: a batch of %d records was rejected (%s); sending them one "
+                        "at a time to find the culprit", self.name, request.count, status)
+            return
+        if act is Act.HALVE:
+            bound = self._bound.halve(request.size, self._clock(), decision.proven)
+            log.warning("sink %s: a request of %d records (about %d bytes) was refused for its "
+                        "size (%s); after a pause, at most about %d bytes per request (growing "
+                        "back after %d accepted in a row)", self.name, request.count,
+                        request.size, status, bound, GROW_AFTER)
+        elif why is Why.PROVEN_SIZE:
+            log.warning("sink %s: the record of seq %d (about %d bytes) was refused for its "
+                        "size on its own (%s); trying it once more after a pause before it "
+                        "goes to the dead-letter file", self.name, request.first,
+                        request.size, status)
+        else:
+            self._note_failure(error)
+            if why is Why.NARROWED:
+                log.warning("sink %s: requests led by the record of seq %d were refused %d "
+                            "times in a row (%s); sending it alone", self.name,
+                            request.first, decision.history.refusals, status)
+            elif why is Why.SUSPECTED:
+                log.warning("sink %s: the record of seq %d was refused on its own too (%s); "
+                            "the record behind it goes alone first, to tell a record the peer "
+                            "refuses from a peer that is busy", self.name, request.first,
+                            status)
+            elif why is Why.BUSY:
+                log.warning("sink %s: the record of seq %d, sent alone ahead of seq %d, was "
+                            "refused too (%s): the peer is busy, nothing is dead-lettered; "
+                            "retrying in order", self.name, request.first, before.suspect,
+                            status)
+        if decision.pause:
+            # Full jitter keeps a fleet that lost its collector together from retrying in
+            # lockstep; a peer that said how long to wait is believed (capped by Pause).
+            backoff = self._backoff_now
+            self._pause.hold(max(backoff * (0.5 + random.random() / 2),
+                                 error.retry_after or 0.0))
+            self._backoff_now = min(backoff * 2, self._backoff[1])
 
     def _storage_faulty(self) -> bool:
         spool_faulty = self._spool is not None and (self._spool_behind or bool(self._spool.fault))
-        return spool_faulty or bool(self._dead_letter and self._dead_letter.fault)
+        return (spool_faulty or bool(self._unlettered)
+                or bool(self._dead_letter and self._dead_letter.fault))
 
     def _repair_storage(self) -> None:
-        """Retry what a full or read-only disk refused: the records the spool is missing, then
-        a plain write of the ack cursor (so the fault clears even when nothing waits)."""
+        """Retry what a full or read-only disk refused: the records the spool is missing, the
+        letters the dead-letter file could not take, then a plain write of the ack cursor (so
+        the fault clears even when nothing waits)."""
         if self._spool is not None:
             if self._spool_behind:
                 self._write_spool(())
@@ -425,7 +472,59 @@ class DeliveryWorker:
                 with contextlib.suppress(OSError):  # still failing: the watch keeps the fault
                     self._spool.probe(self._acked_wanted)
         if self._dead_letter is not None:
-            self._dead_letter.probe()
+            if self._unlettered:  # the letters themselves tell: a probe could pass beside them
+                self._write_unlettered()
+            else:
+                self._dead_letter.probe()
+
+    def _write_unlettered(self) -> None:
+        """The letters a fault kept back, in order; each record leaves the spool once its
+        letter is durable."""
+        assert self._dead_letter is not None
+        for seq, letter in sorted(self._unlettered.items()):
+            try:
+                self._append_letter(letter)
+            except OSError:
+                return  # the watch keeps the fault; the next repair tries again
+            del self._unlettered[seq]
+            log.warning("sink %s: the letter of the record of seq %d (RecordId %s) is written "
+                        "now (%s); the record leaves the spool", self.name, seq,
+                        letter.record_id, self._dead_letter.path)
+            if self._spool is not None:
+                with contextlib.suppress(OSError):  # the cursor catches up at the next ack
+                    self._spool.release(seq)
+
+    def _append_letter(self, letter: letters.DeadLetter) -> None:
+        """Append ``letter``, and say and count what the file's bound removed to take it."""
+        assert self._dead_letter is not None
+        removed = self._dead_letter.append(letter)
+        if removed is None:
+            return
+        for sink, count in sorted(removed.by_sink.items()):
+            self._count_failure(sink, "dead_letter_dropped", count)
+        log.error("dead-letter file: its bound (%d files of %d bytes) was reached: removed %s "
+                  "with %d letters (%d of them never redelivered; sinks: %s), the oldest "
+                  "kept; they are gone, and redeliver cannot bring them back",
+                  letters.GENERATIONS, letters.MAX_BYTES, removed.path.name, removed.letters,
+                  removed.unredelivered,
+                  ", ".join(f"{k} {v}" for k, v in sorted(removed.by_sink.items())) or "none")
+
+    def _settle(self, last: int) -> None:
+        """Records through ``last`` are settled (delivered, or dead-lettered), and so are the
+        records settled ahead right behind it: acknowledge them and let them go."""
+        with self._cond:
+            through = last
+            for queued in self._queue:
+                if queued.seq <= last:
+                    continue
+                if queued.seq not in self._history.ahead:
+                    break
+                through = queued.seq
+        ahead = frozenset(s for s in self._history.ahead if s > through)
+        if ahead != self._history.ahead:
+            self._history = replace(self._history, ahead=ahead)
+        self._ack(through)
+        self._done(through)
 
     def _done(self, last: int) -> None:
         """Records up to ``last`` left the queue (delivered or dead-lettered)."""
@@ -457,19 +556,24 @@ class DeliveryWorker:
             log.error("sink %s: delivery failed, will retry: %s", self.name, message)
         self._count_failure(self.name, "logs", 1)
 
-    def _reject(self, queued: _Queued, error: DeliveryError) -> None:
-        """Dead-letter one record the sink will never accept, and go on with the next."""
+    def _reject(self, queued: _Queued, error: DeliveryError, *, ahead: bool = False) -> None:
+        """Dead-letter one record the sink will never accept, and go on with the next
+        (``ahead``: it was sent ahead of a suspect, which stays first in line). When the
+        dead-letter file cannot take the letter, the record stays in the spool until it can."""
         record = queued.record
         letter = letters.rejected(self.name, record, error.status or "rejected", str(error),
                                       self._payload)
         where = f"not kept (SEE_STATE_DIR is disabled): {letter.to_json().decode().rstrip()}"
         if self._dead_letter is not None:
             try:
-                self._dead_letter.append(letter)
+                self._append_letter(letter)
                 where = f"moved to {self._dead_letter.path}"
-            except OSError:  # the watch logged why; the record is at least in this log line
-                where = ("not kept (dead-letter file unwritable): "
-                         f"{letter.to_json().decode().rstrip()}")
+            except OSError:  # the watch logged why
+                assert self._spool is not None  # both live under the state directory
+                self._spool.hold(queued.seq)
+                self._unlettered[queued.seq] = letter
+                where = ("kept in the spool until the dead-letter file can take its letter "
+                         "(it cannot be written now)")
         log.error("sink %s: %s rejected the record of EventId %s (%s, RecordId %s, about %d "
                   "bytes) permanently: %s; %s; continuing with the next record",
                   self.name, error.status or "the sink", letter.event_id or "(none)",
@@ -477,8 +581,8 @@ class DeliveryWorker:
         self._count_dead_letter()
         with self._cond:
             self._rejections.dead_lettered(error.status or "rejected")
-        self._ack(queued.seq)
-        self._done(queued.seq)
+        if not ahead:
+            self._settle(queued.seq)
 
     def _reject_unreadable(self, line: UnreadableLine, source: str = "the spool") -> None:
         """Dead-letter an entry of ``source`` this release cannot read (written by another
@@ -487,7 +591,7 @@ class DeliveryWorker:
         if self._dead_letter is None:
             raise OSError("no dead-letter file (SEE_STATE_DIR is disabled)")
         letter = letters.unreadable(self.name, line.seq, line.content, line.reason, source)
-        self._dead_letter.append(letter)  # OSError: logged by its watch; the line stays
+        self._append_letter(letter)  # OSError: logged by its watch; the line stays
         log.error("sink %s: %s holds an entry (seq %s, EventId %s) this release cannot read "
                   "(%s); moved to %s", self.name, source, letter.seq,
                   letter.event_id or "unknown", line.reason[:300], self._dead_letter.path)
