@@ -246,9 +246,9 @@ def damage_entry(state: Path, event_id: str) -> list[Any]:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_released_state_with_one_damaged_entry_keeps_the_rest(
         version: str, tmp_path: Path, collector: RotelReceiver) -> None:
-    """One tracker entry of a released state directory cannot be read (issue 48, item 7): the
-    state is kept, the other pending event is not reported again, the spooled transitions are
-    delivered once each; only the damaged event is new to this start, reported once."""
+    """One tracker entry of a released state directory cannot be read: the state is kept, the
+    other pending event is not reported again, the spooled transitions are delivered once each;
+    only the damaged event is new to this start, reported once."""
     state = tmp_path / "state"
     shutil.copytree(HERE / version / "state", state)
     expected = uids(spooled(state, "otlp"))

@@ -151,7 +151,7 @@ def test_a_tracker_entry_missing_a_field_without_default_is_left_out_not_the_sta
     assert kept.key == "E1" and "missing ['first_seen']" in kept.reason
 
 
-# A tracker entry this release cannot read (issue 48, item 7): left out of tracking, said once,
+# A tracker entry this release cannot read: left out of tracking, said once,
 # written back as it was; the rest of the state loads (docs/semantics.md, "Compatibility").
 
 def known(event_id: str, duration: int = -1) -> KnownEvent:

@@ -1,6 +1,5 @@
 """Damage inside the state file, met by the exporter as a real process against the IMDS
-simulator (issue 48, item 7; docs/semantics.md, "Compatibility"): it costs only what is
-damaged.
+simulator (docs/semantics.md, "Compatibility"): it costs only what is damaged.
 
 * One tracker entry of the wrong type (a ``duration`` written as a string): the other known
   event is not reported again (no second ``scheduled``, its RecordId the only one), nothing is
