@@ -166,6 +166,7 @@ def test_a_tracker_that_cannot_be_read_still_delivers_the_committed_outbox(
     assert sorted((r["EventId"], r["Transition"]) for r in proc.records()) == [
         ("A", "scheduled"), ("B", "scheduled"), ("B", "scheduled")]
     assert "its tracker cannot be read" in proc.stderr()
+    assert "this start knows no events" in proc.stderr()
     [copy] = (tmp_path / "state").glob("state.json.corrupt-*")
     assert json.loads(copy.read_text())["tracker"]["incarnation"] == "one"
     assert isinstance(state_of(tmp_path)["tracker"]["incarnation"], int)
