@@ -373,7 +373,11 @@ def paths(value: object, prefix: tuple[str | int, ...] = ()) -> list[tuple[str |
     return found
 
 
-@settings(max_examples=150, deadline=None,
+#: Memory-backed where there is one: each example saves the state (fsyncs) three times.
+SHM = "/dev/shm" if Path("/dev/shm").is_dir() else None
+
+
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(count=st.integers(1, 5), outbox=st.integers(0, 3), approvals=st.lists(st.text(max_size=6),
        max_size=3), data=st.data())
@@ -389,7 +393,7 @@ def test_a_single_damaged_field_in_one_entry_never_costs_the_rest(
                 for e in ids}, incarnation=7, last_good=AT, boot_id="b")
     committed = tuple(record(20 + i) for i in range(outbox))
     index = data.draw(st.integers(0, count - 1), label="entry")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=SHM) as tmp:
         root = Path(tmp)
         store = StateStore(root)
         store.save(PersistedState(tracker, seq=30, outbox=committed,
