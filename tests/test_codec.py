@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -28,6 +29,7 @@ from scheduled_events_exporter.model import (
     ScheduledEvent,
     Transition,
     TransitionKind,
+    UnreadableItem,
 )
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.tracker import KnownEvent, TrackerState
@@ -156,11 +158,63 @@ def test_an_unknown_field_still_has_its_known_neighbours_read_strictly() -> None
         decode_record(data)
 
 
-def test_a_mapping_keeps_its_order_and_refuses_what_is_not_pairs() -> None:
+def test_a_mapping_keeps_its_order_and_keeps_what_is_not_a_pair_unread() -> None:
     known = {i: KnownEvent(ScheduledEvent(i, "Scheduled"), AT, AT + timedelta(seconds=1))
              for i in ("B", "A", "C")}
     encoded = encode_state(TrackerState(events=known, incarnation=4))
     assert [pair[0] for pair in encoded["events"]] == ["B", "A", "C"]
     encoded["events"][1] = ["A"]
-    with pytest.raises(ValueError, match=r"state.events\[1\]: expected a \[key, value\] pair"):
-        decode(TrackerState, encoded, "state")
+    back = decode(TrackerState, encoded, "state")
+    assert list(back.events) == ["B", "C"]
+    assert back.unreadable_events == (
+        UnreadableItem(["A"], "events[1]: expected a [key, value] pair", None),)
+
+
+def test_a_tracker_entry_of_another_type_is_kept_as_it_was_and_written_back_after() -> None:
+    """The tracker reads its entries one by one (model.ITEMS_OF): one this release cannot read
+    is left out, with its key and the reason, and written back unchanged after the others."""
+    known = {i: KnownEvent(ScheduledEvent(i, "Scheduled"), AT, AT) for i in ("B", "A", "C")}
+    encoded = encode_state(TrackerState(events=known, incarnation=4))
+    bad = copy.deepcopy(encoded["events"][1])
+    bad[1]["event"]["duration"] = "30"
+    bad[1]["later"] = {"kept": True}  # a newer release's field inside it: kept too
+    encoded["events"][1] = bad
+    ignored: set[str] = set()
+    back = decode_state(json.loads(json.dumps(encoded)), ignored)
+    assert list(back.events) == ["B", "C"] and back.incarnation == 4
+    assert back.unreadable_events == (
+        UnreadableItem(bad, "events[1].event.duration: expected int, got str", "A"),)
+    again = encode_state(back)
+    assert again["events"] == [encoded["events"][0], encoded["events"][2], bad]
+    # Read again (now the last entry), it is the same entry: nothing is lost however often
+    # it is written back.
+    [item] = decode_state(json.loads(json.dumps(again))).unreadable_events
+    assert (item.raw, item.key) == (bad, "A") and item.reason.startswith("events[2].event.")
+
+
+@pytest.mark.parametrize("raw", [["A", {"event": 1}], [7, {}], "A", None, ["A", {}, 3]])
+def test_every_shape_of_an_unreadable_entry_is_kept(raw: Any) -> None:
+    encoded = encode_state(TrackerState(incarnation=1))
+    encoded["events"] = [raw]
+    back = decode_state(json.loads(json.dumps(encoded)))
+    assert back.events == {} and [u.raw for u in back.unreadable_events] == [raw]
+    assert back.unreadable_events[0].key == ("A" if raw == ["A", {"event": 1}] else None)
+    assert encode_state(back)["events"] == [raw]
+
+
+def test_a_tracker_whose_events_are_not_a_list_is_refused() -> None:
+    encoded = encode_state(TrackerState(incarnation=1))
+    encoded["events"] = {"A": 1}
+    with pytest.raises(ValueError, match=r"state.events: expected list, got dict"):
+        decode_state(encoded)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Strict:
+    table: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+def test_a_mapping_without_a_field_for_its_unreadable_items_refuses_what_is_not_pairs() -> None:
+    with pytest.raises(ValueError, match=r"strict.table\[1\]: expected a \[key, value\] pair"):
+        decode(_Strict, {"table": [["a", 1], ["b"]]}, "strict")
+    assert decode(_Strict, {"table": [["a", 1]]}) == _Strict({"a": 1})

@@ -7,7 +7,8 @@ letter. The current exporter starts on a copy with a real collector up and must:
 (nothing set aside), report neither pending event again, and deliver exactly the spooled
 transitions, once each, with their original ``log.record.uid``. ``next_release`` writes the same
 directory as the next release adding a field would (one more field in every object, and a
-transition kind this release does not know), which is what a rollback meets.
+transition kind this release does not know), which is what a rollback meets; ``damage_entry``
+leaves one tracker entry of a fixture unreadable, which must cost only that entry's event.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def assert_delivered_once(collector: RotelReceiver, expected: list[str]) -> None
 
 def assert_kept(state: Path, proc: ExporterProcess, console: list[str] | None = None) -> None:
     assert not list(state.glob("state.json.corrupt-*")), proc.stderr()
-    assert "starting fresh" not in proc.stderr()
+    assert "this start knows no events" not in proc.stderr()  # said when the state is not used
     # The pending events were remembered: nothing reported as new (console prints only what
     # its spool or the outbox still held).
     assert [r["RecordId"] for r in proc.records()] == (console or []), proc.records()
@@ -229,3 +230,38 @@ def test_fields_of_the_next_release_survive_this_release_writing_the_state_back(
     # Nothing this release knows was overwritten by a value it did not write.
     assert after["tracker"]["incarnation"] == before["tracker"]["incarnation"]
     assert "keeping fields this release does not know" in proc.stderr()
+
+
+def damage_entry(state: Path, event_id: str) -> list[Any]:
+    """Write ``event_id``'s tracker entry with its duration as a string (as a disk error or a
+    mistaken build can leave it); returns that entry as written."""
+    data = json.loads((state / "state.json").read_text())
+    [pair] = [pair for pair in data["tracker"]["events"] if pair[0] == event_id]
+    pair[1]["event"]["duration"] = str(pair[1]["event"]["duration"])
+    (state / "state.json").write_text(json.dumps(data))
+    return list(pair)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_released_state_with_one_damaged_entry_keeps_the_rest(
+        version: str, tmp_path: Path, collector: RotelReceiver) -> None:
+    """One tracker entry of a released state directory cannot be read: the state is kept, the
+    other pending event is not reported again, the spooled transitions are delivered once each;
+    only the damaged event is new to this start, reported once."""
+    state = tmp_path / "state"
+    shutil.copytree(HERE / version / "state", state)
+    expected = uids(spooled(state, "otlp"))
+    damage_entry(state, FREEZE["EventId"])
+    proc = resume(state, collector, [*expected, "the freeze, new to this start"])
+    [again] = proc.records()
+    assert (again["EventId"], again["Transition"]) == (FREEZE["EventId"], "started")
+    assert_kept(state, proc, console=[again["RecordId"]])
+    assert_delivered_once(collector, [*expected, again["RecordId"]])
+    said = [line for line in proc.stderr().splitlines() if "cannot be read" in line]
+    assert len(said) == 1 and FREEZE["EventId"] in said[0], said
+    # IMDS still lists the freeze: the entry read from the document replaced the damaged one.
+    events = json.loads((state / "state.json").read_text())["tracker"]["events"]
+    assert sorted(pair[0] for pair in events) == sorted([FREEZE["EventId"],
+                                                         REDEPLOY["EventId"]])
+    assert all(isinstance(pair[1]["event"]["duration"], int) for pair in events)

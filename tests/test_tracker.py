@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduled_events_exporter.model import Document, ScheduledEvent, TransitionKind
+from scheduled_events_exporter.model import (
+    Document,
+    ScheduledEvent,
+    TransitionKind,
+    UnreadableItem,
+)
 from scheduled_events_exporter.tracker import Evidence, TrackerState, note_unchanged, track
 
 T0 = datetime(2022, 4, 11, 22, 0, 0, tzinfo=timezone.utc)
@@ -430,3 +435,23 @@ def test_cancelled_only_on_watched_consecutive_unapproved_absence_before_not_bef
                 assert rebooted and t.event is not None
                 assert t.event.event_type in ("Reboot", "Redeploy")
                 assert "vm1" in {r.casefold() for r in t.event.resources}
+
+
+def test_an_unreadable_entry_is_forgotten_once_a_document_lists_its_event_again() -> None:
+    """The state file kept entries this release could not read (docs/semantics.md,
+    "Compatibility"): they ride along every state the tracker makes until a document lists
+    their EventId; then the event is tracked afresh and the kept entry is gone for good."""
+    kept = (UnreadableItem(["A", {"event": 1}], "events[0].event: expected an object", "A"),
+            UnreadableItem([7, {}], "events[1]: expected str, got int", None))
+    state = TrackerState(incarnation=1, last_good=T0, unreadable_events=kept)
+    state = note_unchanged(state, T0 + timedelta(seconds=1))
+    assert state.unreadable_events == kept
+    state, _ = track(state, Document(2, (ev("B"),)), T0 + timedelta(seconds=2), gap_threshold=60)
+    assert state.unreadable_events == kept
+    state, out = track(state, Document(3, (ev("A"), ev("B"))), T0 + timedelta(seconds=3),
+                       gap_threshold=60)
+    assert [(t.kind, t.event.event_id if t.event else "") for t in out] == [
+        (TransitionKind.SCHEDULED, "A")]
+    assert state.unreadable_events == kept[1:] and set(state.events) == {"A", "B"}
+    state, _ = track(state, Document(4, (ev("B"),)), T0 + timedelta(seconds=4), gap_threshold=60)
+    assert state.unreadable_events == kept[1:] and set(state.events) == {"B"}

@@ -16,6 +16,12 @@ default. Everything else stays strict: a value of another type, or a missing fie
 default, raises ``ValueError`` naming where it is, so a damaged file is detected instead of
 half-loaded. A new field is one line in its dataclass, with a default (so older files still
 read), and nothing here.
+
+One exception to "the whole value or nothing": a collection whose dataclass declares a field
+for its unreadable items (``metadata={model.ITEMS_OF: name}``; the tracker's ``events``) is
+read item by item. An item that does not have the declared shape is left out and kept in that
+field as a :class:`~scheduled_events_exporter.model.UnreadableItem` (as read, with the reason),
+and written back after the items that were read; the collection itself must still be a list.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from scheduled_events_exporter.model import ITEMS_OF, UnreadableItem
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.tracker import TrackerState
 
@@ -112,13 +119,21 @@ def _encoder(hint: Any) -> Encoder:
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         hints = typing.get_type_hints(hint)
         fields = tuple((f.name, _encoder(hints[f.name])) for f in dataclasses.fields(hint)
-                       if f.name != UNKNOWN)
-        if not any(f.name == UNKNOWN for f in dataclasses.fields(hint)):
+                       if f.name != UNKNOWN and ITEMS_OF not in f.metadata)
+        # (collection, the field holding the items of it that could not be read)
+        kept = tuple((f.metadata[ITEMS_OF], f.name) for f in dataclasses.fields(hint)
+                     if ITEMS_OF in f.metadata)
+        keeps = any(f.name == UNKNOWN for f in dataclasses.fields(hint))
+        if not keeps and not kept:
             return lambda value: {name: convert(getattr(value, name)) for name, convert in fields}
 
         def write(value: Any) -> Any:
             out = {name: convert(getattr(value, name)) for name, convert in fields}
-            for name, item in getattr(value, UNKNOWN):
+            for collection, holder in kept:
+                if items := getattr(value, holder):
+                    # Where they were read, as they were read, after the items read.
+                    out[collection] = [*out[collection], *(item.raw for item in items)]
+            for name, item in getattr(value, UNKNOWN) if keeps else ():
                 # A newer release's field, as it wrote it; never one this release writes.
                 out.setdefault(name, item)
             return out
@@ -162,13 +177,19 @@ def _decoder(hint: Any) -> Decoder:
 
 def _dataclass_decoder(kind: type) -> Decoder:
     hints = typing.get_type_hints(kind)
-    names = [f.name for f in dataclasses.fields(kind) if f.name != UNKNOWN]
-    keeps = len(names) < len(dataclasses.fields(kind))
-    fields = tuple((name, _decoder(hints[name])) for name in names)
+    holders = {f.metadata[ITEMS_OF]: f.name for f in dataclasses.fields(kind)
+               if ITEMS_OF in f.metadata}
+    names = [f.name for f in dataclasses.fields(kind)
+             if f.name != UNKNOWN and ITEMS_OF not in f.metadata]
+    keeps = any(f.name == UNKNOWN for f in dataclasses.fields(kind))
+    fields = tuple((name, _decoder(hints[name])) for name in names if name not in holders)
+    # Collections read item by item: (name, reader, the field their unreadable items go to).
+    tolerant = tuple((name, _items_decoder(hints[name], name), holder)
+                     for name, holder in holders.items())
     expected = frozenset(names)
     # A field with a default may be missing (an older release did not write it yet); one
     # without cannot, so a file that lost it is damaged, not old.
-    required = [f.name for f in dataclasses.fields(kind) if f.name != UNKNOWN
+    required = [f.name for f in dataclasses.fields(kind) if f.name in expected
                 and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
     def read(data: object) -> Any:
@@ -192,7 +213,49 @@ def _dataclass_decoder(kind: type) -> Decoder:
                 values[name] = convert(data[name])
             except _Bad as bad:
                 raise _at(f".{name}", bad) from None
+        for name, items, holder in tolerant:
+            if name in data:
+                try:
+                    values[name], values[holder] = items(data[name])
+                except _Bad as bad:
+                    raise _at(f".{name}", bad) from None
         return kind(**values)
+    return read
+
+
+def _items_decoder(hint: Any, name: str) -> Callable[[object], tuple[Any, tuple[Any, ...]]]:
+    """A collection read item by item: (the items read, an UnreadableItem for each of the
+    others). Only a value that is not a list at all raises."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    mapping = origin in (Mapping, dict, typing.Mapping)
+    if not mapping and not (origin in (tuple, list)
+                            and (origin is list or (len(args) == 2 and args[1] is ...))):
+        raise TypeError(f"{name}: only a list, a tuple[X, ...] or a mapping keeps its "
+                        f"unreadable items, not {hint!r}")  # a declaration error: a bug here
+    key = _decoder(args[0]) if mapping else None
+    item = _decoder(args[1] if mapping else args[0])
+
+    def read(data: object) -> tuple[Any, tuple[Any, ...]]:
+        read_items: dict[Any, Any] = {}
+        listed: list[Any] = []
+        unreadable: list[UnreadableItem] = []
+        for i, raw in enumerate(_expect(list, data)):
+            known: str | None = None
+            try:
+                if not mapping:
+                    listed.append(item(raw))
+                    continue
+                if key is None or not (isinstance(raw, list) and len(raw) == 2):
+                    raise _Bad("expected a [key, value] pair")
+                got = key(raw[0])
+                known = got if isinstance(got, str) else None
+                read_items[got] = item(raw[1])
+            except _Bad as bad:
+                where = f"{name}[{i}]{''.join(reversed(bad.path))}"
+                unreadable.append(UnreadableItem(raw, f"{where}: {bad.message}", known))
+        if not mapping:
+            return (tuple(listed) if origin is tuple else listed), tuple(unreadable)
+        return read_items, tuple(unreadable)
     return read
 
 

@@ -16,6 +16,28 @@ from typing import Any, Final
 #: Never compared, hashed or shown: two values that differ only here are equal.
 UnknownFields = tuple[tuple[str, Any], ...]
 
+#: The metadata key of a field that holds the unreadable items of another field of the same
+#: value (``field(metadata={ITEMS_OF: "events"})``): codec.py reads that collection item by
+#: item, keeps each item it cannot read here, and writes them back after the others.
+ITEMS_OF: Final = "unreadable_items_of"
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableItem:
+    """One item of a collection in a file (a tracker entry) that this release cannot read:
+    damage, such as a field of another type. It is left out of the value, and kept as it was,
+    to be written back where it was read (docs/semantics.md#compatibility), so a release that
+    can read it finds it again."""
+
+    #: The item as read (JSON): for a mapping, its ``[key, value]`` pair (or whatever stood
+    #: there instead).
+    raw: Any
+    #: What was expected, what was seen, and where (not compared: where moves as the item is
+    #: written back after the others).
+    reason: str = field(compare=False)
+    #: A mapping item's key when it could be read (the tracker's: an EventId).
+    key: str | None = None
+
 
 #: EventStatus values the platform documents; anything else is kept verbatim (docs/lifecycle.md).
 STATUS_SCHEDULED = "Scheduled"

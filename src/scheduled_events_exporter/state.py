@@ -9,7 +9,9 @@ forgets a transition.
 The file evolves like the spool: an outbox record this release cannot read (a transition kind
 a newer release added) does not make the file unusable; it is handed over to be dead-lettered
 (``PersistedState.unreadable``) and the rest loads. Fields a newer release wrote, at the top
-level and inside every value, are kept and written back.
+level and inside every value, are kept and written back. Damage costs only what is damaged: a
+tracker entry this release cannot read is left out of tracking and written back as it was, and
+the outbox is read whatever else in the file cannot be (:meth:`StateStore.load`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from scheduled_events_exporter.codec import (
@@ -28,7 +30,7 @@ from scheduled_events_exporter.codec import (
     encode_record,
     encode_state,
 )
-from scheduled_events_exporter.model import UnknownFields
+from scheduled_events_exporter.model import UnknownFields, UnreadableItem
 from scheduled_events_exporter.platforms.durable import replace_durably, write_atomically
 from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 #: change (a new field with a default) keeps the number: older and newer releases both read
 #: the file (docs/semantics.md#compatibility). A change that is not additive bumps it and adds
 #: a migration from every earlier released schema to ``MIGRATIONS``. Schema 1 was written only
-#: by development builds before the first release: such a file is set aside, as a damaged one.
+#: by development builds before the first release: such a file is moved away unread, as one
+#: that is not JSON.
 SCHEMA_VERSION = 2
 #: schema → function turning that schema's top-level object into the next schema's. Empty:
 #: 2 is the first released schema (0.1.0).
@@ -57,8 +60,8 @@ MAX_STATE_BYTES = 64 * 1024 * 1024
 
 class NewerStateFile(Exception):
     """The state file has a schema newer than this release reads: a newer release wrote it and
-    its format changed in a way this one cannot follow. Not set aside (that would lose what it
-    remembers): the exporter refuses to start and says what to do."""
+    its format changed in a way this one cannot follow. Left where it is (moving it away would
+    lose what it remembers): the exporter refuses to start and says what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,23 +96,34 @@ class StateStore:
         return self.watch.fault
 
     def load(self) -> PersistedState | None:
-        """The saved state; ``None`` when there is none or it is damaged (then set aside).
+        """The saved state; ``None`` when there is none, or when nothing in it can be read (not
+        JSON, not an object, a schema no release wrote, too large): then the file is moved to
+        ``state.json.corrupt-<time>`` and said.
 
-        Fields a newer release added are kept (said once, at INFO); fields an older release
-        did not write take their defaults; an older released schema is migrated; an outbox
-        record this release cannot read is returned in ``unreadable``, the rest loads. Raises
-        :class:`NewerStateFile` for a schema newer than ``SCHEMA_VERSION``."""
+        Damage inside a readable file costs only what is damaged (docs/semantics.md,
+        "Compatibility"), each said once here: a tracker entry this release cannot read is
+        left out of tracking and kept in ``TrackerState.unreadable_events``, to be written back
+        as it was; an approval that is not an EventId is left out; an unreadable ``seq`` is
+        taken from the outbox; a tracker that cannot be read at all (not an object, a field of
+        another type) is left out, with a copy of the file kept as ``state.json.corrupt-<time>``.
+        The outbox is read whatever else is damaged, record by record: one this release cannot
+        read is returned in ``unreadable``. Fields a newer release added are kept (said once,
+        at INFO); fields an older release did not write take their defaults; an older released
+        schema is migrated. Raises :class:`NewerStateFile` for a schema newer than
+        ``SCHEMA_VERSION``."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
             return None
         except OSError as exc:
-            log.warning("state file %s unreadable (%s); starting fresh", self.path, exc)
+            log.warning("state file %s cannot be read (%s): this start knows no events, and "
+                        "reports the pending ones as new", self.path, exc)
             return None
         try:
             if size > MAX_STATE_BYTES:
                 raise ValueError(f"{size} bytes, expected at most {MAX_STATE_BYTES}")
-            data = json.loads(self.path.read_bytes().decode("utf-8"))
+            raw = self.path.read_bytes()
+            data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict):
                 raise ValueError(f"expected a JSON object, got {type(data).__name__}")
             schema = data.get("schema")
@@ -127,40 +141,6 @@ class StateStore:
                                  f" to {SCHEMA_VERSION})")
             while schema < SCHEMA_VERSION:
                 data, schema = MIGRATIONS[schema](data), schema + 1
-            seq = data.get("seq", 0)
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-                raise ValueError("seq: expected a non-negative integer")
-            approvals = data.get("approvals", [])
-            if not isinstance(approvals, list) or not all(isinstance(a, str) for a in approvals):
-                raise ValueError("approvals: expected a list of strings")
-            outbox = data.get("outbox", [])
-            if not isinstance(outbox, list):
-                raise ValueError("outbox: expected a list of records")
-            ignored: set[str] = set()
-            if "tracker" not in data:
-                raise ValueError("tracker: missing")
-            records, unreadable = _read_outbox(outbox, ignored)
-            unknown = tuple((key, value) for key, value in data.items()
-                            if key not in KNOWN_KEYS)
-            loaded = PersistedState(
-                tracker=decode_state(data["tracker"], ignored),
-                seq=seq,
-                outbox=records,
-                approvals=tuple(approvals),
-                unreadable=unreadable,
-                unknown_fields=unknown,
-            )
-            ignored.update(f"state.{key}" for key, _ in unknown)
-            if ignored:
-                log.info("state file %s: keeping fields this release does not know (a newer "
-                         "release wrote them; they are written back as they are): %s",
-                         self.path, ", ".join(sorted(ignored)))
-            for entry in unreadable:
-                log.warning("state file %s: its outbox holds a record this release cannot read "
-                            "(%s); it goes to the dead-letter file of every sink that has not "
-                            "spooled it, the rest of the state is kept", self.path,
-                            entry.reason[:300])
-            return loaded
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
             try:
@@ -168,12 +148,99 @@ class StateStore:
             except OSError:
                 aside = self.path
             log.warning(
-                "state file %s is unusable (%s); moved to %s, starting fresh",
+                "state file %s is unusable (%s); moved to %s: this start knows no events "
+                "(it reports the pending ones as new) and has no outbox to repair",
                 self.path,
                 str(exc)[:200],
                 aside.name,
             )
             return None
+        return self._read(data, raw)
+
+    def _read(self, data: dict[str, object], raw: bytes) -> PersistedState:
+        """The parts of a readable file, each on its own: damage in one costs only that."""
+        ignored: set[str] = set()
+        records, unreadable = _read_outbox(data.get("outbox", []), ignored)
+        seq = data.get("seq", 0)
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            # The last number taken is in the outbox (the last commit's records) or in a
+            # sink's spool; the start numbers after the highest of those.
+            numbers = [r.seq for r in records] + [u.seq for u in unreadable if u.seq is not None]
+            log.error("state file %s: seq %.40r is not a sequence number; numbering continues "
+                      "after the outbox's highest (%d) and every sink's spool, the rest of "
+                      "the state is kept", self.path, seq, max(numbers, default=0))
+            seq = max(numbers, default=0)
+        approvals = self._read_approvals(data.get("approvals", []))
+        tracker = self._read_tracker(data, ignored, raw)
+        unknown = tuple((key, value) for key, value in data.items() if key not in KNOWN_KEYS)
+        ignored.update(f"state.{key}" for key, _ in unknown)
+        if ignored:
+            log.info("state file %s: keeping fields this release does not know (a newer "
+                     "release wrote them; they are written back as they are): %s",
+                     self.path, ", ".join(sorted(ignored)))
+        for entry in unreadable:
+            log.warning("state file %s: its outbox holds a record this release cannot read "
+                        "(%s); it goes to the dead-letter file of every sink that has not "
+                        "spooled it, the rest of the state is kept", self.path,
+                        entry.reason[:300])
+        return PersistedState(tracker=tracker, seq=seq, outbox=records, approvals=approvals,
+                              unreadable=unreadable, unknown_fields=unknown)
+
+    def _read_tracker(self, data: dict[str, object], ignored: set[str],
+                      raw: bytes) -> TrackerState:
+        """The tracker, its unreadable entries kept aside in it (each said once); an empty
+        one when it cannot be read at all."""
+        seen: set[str] = set()
+        try:
+            if "tracker" not in data:
+                raise ValueError("tracker: missing")
+            tracker = decode_state(data["tracker"], seen)
+        except (ValueError, TypeError, RecursionError) as exc:
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+            try:
+                # A copy: the file itself stays until the next save replaces it, so a crash
+                # before then still finds its outbox.
+                write_atomically(aside, raw)
+                kept = f"a copy of the file is kept as {aside.name}"
+            except OSError as copy_failed:
+                kept = f"no copy of the file could be kept ({copy_failed})"
+            log.error("state file %s: its tracker cannot be read (%s): this start knows no "
+                      "events (it reports the pending ones as new), %s; its outbox, sequence "
+                      "number and approvals are kept", self.path, str(exc)[:300], kept)
+            return TrackerState()
+        ignored.update(seen)
+        kept_items = []
+        for item in tracker.unreadable_events:
+            name = _event_id(item)
+            if item.key is not None and item.key in tracker.events:
+                log.error("state file %s: tracker entry for EventId %s cannot be read (%s); "
+                          "another entry for the same EventId can, and only that one is kept",
+                          self.path, name, item.reason[:300])
+                continue
+            log.error("state file %s: tracker entry for EventId %s cannot be read (%s): it is "
+                      "not tracked (while IMDS lists the event, it is reported as new) and is "
+                      "kept in the file as it is; the rest of the state is kept",
+                      self.path, name, item.reason[:300])
+            kept_items.append(item)
+        if len(kept_items) < len(tracker.unreadable_events):
+            tracker = replace(tracker, unreadable_events=tuple(kept_items))
+        return tracker
+
+    def _read_approvals(self, value: object) -> tuple[str, ...]:
+        """The EventIds whose approval IMDS accepted; anything else in the list is said once
+        and left out."""
+        if not isinstance(value, list):
+            log.error("state file %s: approvals: expected a list of EventIds, got %s; no "
+                      "approval is remembered, the rest of the state is kept", self.path,
+                      type(value).__name__)
+            return ()
+        approvals = tuple(a for a in value if isinstance(a, str))
+        if len(approvals) < len(value):
+            wrong = [f"approvals[{i}]: {type(a).__name__}" for i, a in enumerate(value)
+                     if not isinstance(a, str)]
+            log.error("state file %s: approvals that are not EventIds are left out (%s), "
+                      "the rest of the state is kept", self.path, ", ".join(wrong[:5]))
+        return approvals
 
     def save(self, state: PersistedState) -> None:
         """Write the state atomically; a failure is logged once per streak and raised as
@@ -252,10 +319,24 @@ class StateCommitter:
         self._last_save = now
 
 
-def _read_outbox(outbox: list[object], ignored: set[str]
+def _event_id(item: UnreadableItem) -> str:
+    """The EventId an unreadable tracker entry names, as far as it can be read."""
+    name = item.key
+    if name is None and isinstance(item.raw, list) and len(item.raw) == 2 \
+            and isinstance(item.raw[1], dict) and isinstance(item.raw[1].get("event"), dict):
+        name = item.raw[1]["event"].get("event_id")
+    return repr(name[:100]) if isinstance(name, str) else "(unreadable)"
+
+
+def _read_outbox(outbox: object, ignored: set[str]
                  ) -> tuple[tuple[TransitionRecord, ...], tuple[UnreadableLine, ...]]:
     """The outbox's records, and those this release cannot read (each as the spool line it
-    would have been, ``{"seq": n, "record": ...}``, so a dead letter has one shape)."""
+    would have been, ``{"seq": n, "record": ...}``, so a dead letter has one shape). An outbox
+    that is not a list is one entry this release cannot read."""
+    if not isinstance(outbox, list):
+        return (), (UnreadableLine(None, {"seq": None, "record": outbox},
+                                   f"outbox: expected a list of records, got "
+                                   f"{type(outbox).__name__}"),)
     records: list[TransitionRecord] = []
     unreadable: list[UnreadableLine] = []
     for index, raw in enumerate(outbox):

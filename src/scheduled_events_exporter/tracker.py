@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from scheduled_events_exporter.model import (
+    ITEMS_OF,
     Basis,
     Document,
     FieldChange,
@@ -20,6 +21,7 @@ from scheduled_events_exporter.model import (
     Transition,
     TransitionKind,
     UnknownFields,
+    UnreadableItem,
 )
 
 #: Fields whose change (with an unchanged status) is an ``updated`` transition, by IMDS name.
@@ -71,6 +73,12 @@ class TrackerState:
     #: The host's boot id when the state was last updated (``None``: unknown).
     boot_id: str | None = None
     unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
+    #: Entries of ``events`` in the state file that this release cannot read (damage): not
+    #: tracked, written back as they were after the tracked ones (codec.py). One is forgotten
+    #: once a document lists its EventId again: the event is then tracked afresh, and the
+    #: entry read from this document wins (docs/semantics.md#compatibility).
+    unreadable_events: tuple[UnreadableItem, ...] = field(default=(), repr=False,
+                                                          metadata={ITEMS_OF: "events"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +230,9 @@ def track(
             )
 
     new_state = replace(state, events=new_events, incarnation=incarnation, last_good=now,
-                        interrupted=False, boot_id=evidence.boot_id or state.boot_id)
+                        interrupted=False, boot_id=evidence.boot_id or state.boot_id,
+                        unreadable_events=tuple(u for u in state.unreadable_events
+                                                if u.key not in current))
     transitions = (*resets, *removals, *status_changes, *updates, *appearances)
     return new_state, transitions
 
