@@ -16,15 +16,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from scheduled_events_exporter import __version__
 from scheduled_events_exporter.approval_worker import Approver
 from scheduled_events_exporter.boot import continuing, host_boot_id
 from scheduled_events_exporter.config import Config
-from scheduled_events_exporter.delivery import redrive
+from scheduled_events_exporter.delivery import start
 from scheduled_events_exporter.delivery.spool import waiting_elsewhere
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
@@ -156,13 +155,13 @@ class Exporter:
         self._telemetry = self.telemetry
         self.store = StateStore(config.state_dir) if config.state_dir else None
         persisted = self.store.load() if self.store else None
-        seq = persisted.seq if persisted else 0
         for sink in self.sinks:
             sink.start(self.telemetry.resource, self.telemetry.per_event_metrics)
-            if persisted and (persisted.outbox or persisted.unreadable):
-                # Repair a crash between committing the state and spooling its records.
-                sink.recover(persisted.outbox, persisted.unreadable)
-            seq = max(seq, sink.status().last_seq)
+        # The start in its one order (delivery/start.py): spools read, the outbox repaired,
+        # the numbers counted, then a redeliver request; a request that fails waits.
+        begun = start.begin(config.state_dir, persisted, [s.delivery for s in self.sinks],
+                            self.clock.wall(), self.clock.monotonic)
+        self.pending_request = begun.pending
         if config.state_dir is not None:
             for name, count in waiting_elsewhere(config.state_dir / "spool", config.sinks):
                 log.warning("spool of sink %s holds %d undelivered records, but %s is not in "
@@ -195,6 +194,10 @@ class Exporter:
                 self._count_failure,
                 approvals=approver.approved_ids if approver is not None else tuple,
                 unknown_fields=persisted.unknown_fields if persisted else (),
+                # The outbox keeps a record until every sink's spool has it.
+                settled=self._settled,
+                outbox=persisted.outbox if persisted else (),
+                unreadable=begun.unlettered,
             )
             if self.store
             else None
@@ -208,8 +211,9 @@ class Exporter:
             # Whatever happened while we were not running is reported with its gap.
             state=replace(persisted.tracker, interrupted=True) if persisted else None,
             clock=self.clock,
-            seq=seq,
+            seq=begun.seq,
             commit=self.committer,
+            pending_request=self.pending_request,
             approver=self.approver,
             metrics_changed=self._metrics_changed,
             boot_id=self._boot_id(persisted),
@@ -320,8 +324,12 @@ class Exporter:
             sink.metrics_changed()
 
     def _state_faults(self) -> tuple[WriteFault, ...]:
-        fault = self.store.fault if self.store else None
-        return (fault,) if fault else ()
+        faults = (self.store.fault if self.store else None,
+                  self.pending_request.fault if self.pending_request else None)
+        return tuple(f for f in faults if f is not None)
+
+    def _settled(self) -> int:
+        return min((s.delivery.settled_seq() for s in self.sinks), default=0)
 
     def _count_failure(self, sink: str, signal: str, count: int) -> None:
         if self._telemetry is not None:
@@ -393,10 +401,6 @@ def run(config: Config, stop: threading.Event, finished: threading.Event | None 
         except OSError as exc:
             log.error("cannot start: state directory %s: %s", config.state_dir, exc)
             return 1
-    if config.state_dir is not None and not _redeliver_requested(config.state_dir):
-        assert lock is not None
-        lock.release()
-        return 1
     try:
         exporter = Exporter(config)
     except (OSError, NewerStateFile) as exc:
@@ -419,32 +423,6 @@ def run(config: Config, stop: threading.Event, finished: threading.Event | None 
         lock.release()
     log.info("stopped%s", "" if drained else " with undelivered records")
     return 0
-
-
-def _redeliver_requested(state_dir: Path) -> bool:
-    """Carry out a ``redeliver --at-next-start`` request, before any spool is read (the lock
-    is held). False when it could not be (said why): the start stops, the request stays."""
-    try:
-        done = redrive.perform_request(state_dir, datetime.now(timezone.utc))
-    except (ValueError, OSError) as exc:
-        log.error("cannot start: the redeliver request could not be carried out: %s; fix or "
-                  "delete %s", exc, state_dir / redrive.REQUEST_FILE)
-        return False
-    if done is not None:
-        chosen, applied = done
-        for item, seq in applied:
-            log.info("redelivered from the dead-letter file: %s %s EventId %s %s RecordId %s "
-                     "(spool seq %d)", item.letter.sink, item.letter.status,
-                     item.letter.event_id or "-", item.letter.transition,
-                     item.letter.record_id, seq)
-        for skip in chosen.skipped:
-            if skip.reason != redrive.ALREADY:
-                log.warning("redeliver: skipped RecordId %s of sink %s: %s",
-                            skip.letter.record_id or "-", skip.letter.sink, skip.reason)
-        log.info("redeliver request carried out: %d records put back, %d skipped (%d of them "
-                 "redelivered before)", len(applied), len(chosen.skipped),
-                 chosen.redelivered_before)
-    return True
 
 
 def lock_state_dir(config: Config, stop: threading.Event) -> dir_lock.DirectoryLock:

@@ -89,7 +89,15 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     failing: list[str] = []
     statuses = list(inputs.sink_status())
     faults = list(inputs.write_faults())
+    letters: list[str] = []
     for status in statuses:
+        if status.letters_waiting:
+            letters.append(f"sink {status.name}: {status.letters_waiting} records refused for "
+                           "good wait in the spool for the dead-letter file to take their "
+                           "letters")
+        if status.letters_removed:
+            letters.append(f"sink {status.name}: {status.letters_removed} dead letters removed "
+                           "at the dead-letter file's bound since start (see the log)")
         is_failing = (status.oldest_wait > inputs.staleness_limit or bool(status.config_error)
                       or bool(status.rejecting))
         if is_failing:
@@ -108,6 +116,8 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
             "config_error": status.config_error,
             "dropped": status.dropped,
             "dead_lettered": status.dead_lettered,
+            "letters_waiting": status.letters_waiting,
+            "letters_removed": status.letters_removed,
             "rejecting": status.rejecting,
             "request_bytes": status.request_bytes,
             "max_request_bytes": status.max_request_bytes,
@@ -126,7 +136,7 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
         )
     downstream = {
         "sinks": failing,
-        "storage": [f"cannot write {f.file}: {f.error}" for f in faults],
+        "storage": [*(f"cannot write {f.file}: {f.error}" for f in faults), *letters],
     }
     warnings: list[str] = []
     for check, problems in downstream.items():

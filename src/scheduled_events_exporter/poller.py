@@ -60,6 +60,15 @@ class Committer(Protocol):
         ...
 
 
+class Redelivery(Protocol):
+    """A redeliver request the start could not carry out (``delivery.start.PendingRequest``):
+    tried again between polls, by the thread that owns the sequence numbers."""
+
+    def retry(self, seq: int, now: datetime) -> int:
+        """Try again if due, numbering after ``seq``; returns the last number taken."""
+        ...
+
+
 class ApprovalQueue(Protocol):
     """The approval worker as the poll loop sees it (``approval_worker.Approver``): offer each good
     document, collect finished decisions. Both return at once; hooks and POSTs run elsewhere."""
@@ -115,6 +124,7 @@ class Poller:
         approver: ApprovalQueue | None = None,
         metrics_changed: Callable[[], None] | None = None,
         boot_id: str | None = None,
+        pending_request: Redelivery | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -125,6 +135,7 @@ class Poller:
         self.clock = clock or Clock()
         self.seq = seq
         self._commit = commit
+        self._pending_request = pending_request
         self.approver = approver
         #: Told (non-blocking) after a poll that changed the metrics; sinks export on their
         #: own threads, so the next poll is never delayed by a collector.
@@ -282,6 +293,9 @@ class Poller:
                 stop.wait(max(0.0, due - self.clock.monotonic()))
                 continue
             self._crashes.clear()
+            if self._pending_request is not None:
+                # Between two polls: the request numbers its records after this poll's.
+                self.seq = self._pending_request.retry(self.seq, self.clock.wall())
             now = self.clock.monotonic()
             if result.outcome.good:
                 due = next_due(due, now, interval)

@@ -47,8 +47,11 @@ directory's lock, as "run" does.
 
 A letter is skipped, with the reason, when it was redelivered before, when this release cannot
 read its record either, or when a release before this command wrote it (those letters hold the
-record as sent, not as stored). Exit codes: 0 done (also when nothing matched); 1 a file could not
-be read or written; 2 wrong arguments; 3 the state directory is held by a running exporter.
+record as sent, not as stored). It puts back all it takes or none: when a file cannot be written,
+what it appended is taken back and it says so. Records a crash left in the state file's outbox go
+into the spool first, so no letter is numbered before them. Exit codes: 0 done (also when nothing
+matched); 1 a file could not be read or written (nothing changed, unless the line says what
+stays); 2 wrong arguments; 3 the state directory is held by a running exporter.
 """
 
 
@@ -129,9 +132,8 @@ def main(args: list[str]) -> int:
         chosen = redrive.plan(directory, selection)
         applied = redrive.apply(directory, chosen, datetime.now(timezone.utc))
     except OSError as exc:
-        print(f"redeliver: {exc} (what was appended before stays in the spool; run again to "
-              "finish: letters not yet marked are put back again, with the same "
-              "log.record.uid)", file=sys.stderr)
+        # redrive.Unapplied says whether anything stays changed (its undo failed too).
+        print(f"redeliver: could not put the letters back: {exc}", file=sys.stderr)
         return 1
     finally:
         lock.release()

@@ -250,7 +250,10 @@ class StateStore:
             "saved_at": time.time(),
             "seq": state.seq,
             "tracker": encode_state(state.tracker),
-            "outbox": [encode_record(r) for r in state.outbox],
+            # Entries this release cannot read go back as they were, after the records, until
+            # a start has dead-lettered them for every sink.
+            "outbox": [*(encode_record(r) for r in state.outbox),
+                       *(_raw_entry(u) for u in state.unreadable)],
             "approvals": list(state.approvals),
         }
         for key, value in state.unknown_fields:
@@ -265,9 +268,13 @@ class StateCommitter:
     Called by the poll thread only (it also makes the last commit at stop), so no lock: one
     writer cannot write an older state last.
 
-    A failed save (disk full, read-only volume) is logged once per streak by the store and
-    retried at every poll; the records of failed saves ride along in the next save's outbox,
-    so once the disk is writable again a crash still cannot lose them.
+    The outbox it writes is every committed record that some sink's spool may still lack: the
+    poll's new records, and those of earlier saves that ``settled()`` (the highest sequence
+    number durable in every sink's spool, or delivered) has not passed yet. So a spool that
+    cannot be written (its records held in memory) never leaves a record only in memory: the
+    state file keeps it until the spool has it. A failed save (disk full, read-only volume) is
+    logged once per streak by the store and retried at every poll; its records ride along in
+    the next save's outbox.
     """
 
     HEARTBEAT = 60.0
@@ -278,15 +285,25 @@ class StateCommitter:
         count_failure: Callable[[str, str, int], None],
         approvals: Callable[[], Iterable[str]] = tuple,
         unknown_fields: UnknownFields = (),
+        *,
+        settled: Callable[[], int] | None = None,
+        outbox: tuple[TransitionRecord, ...] = (),
+        unreadable: tuple[UnreadableLine, ...] = (),
     ) -> None:
         """``unknown_fields``: the loaded file's top-level fields a newer release wrote,
-        written back at every save."""
+        written back at every save. ``settled``: how far every sink's spool has the records
+        (``None``: each save's outbox is its own records only). ``outbox``: the loaded file's
+        records, kept until ``settled`` passes them; ``unreadable``: its entries this release
+        could not read and the start could not dead-letter, written back as they were."""
         self._store = store
         self._unknown = unknown_fields
         self._approvals = approvals
         self._count_failure = count_failure
+        self._settled = settled
         self._last_save = -float("inf")
-        self._unsaved: tuple[TransitionRecord, ...] = ()
+        self._unsaved: tuple[TransitionRecord, ...] = outbox
+        self._failed = False
+        self._unreadable = unreadable
 
     def commit(
         self,
@@ -298,9 +315,13 @@ class StateCommitter:
     ) -> None:
         """Write the state file (with ``records`` as its outbox) when it is due."""
         now = time.monotonic()
-        if not changed and not self._unsaved and now - self._last_save < self.HEARTBEAT:
-            return
-        outbox = (*self._unsaved, *records)
+        kept = self._unsaved
+        if self._settled is not None and kept:
+            settled = self._settled()
+            kept = tuple(r for r in kept if r.seq > settled)
+        if not changed and not self._failed and now - self._last_save < self.HEARTBEAT:
+            return  # the file holds what some spool may lack: nothing new to keep
+        outbox = (*kept, *records)
         try:
             self._store.save(
                 PersistedState(
@@ -308,15 +329,25 @@ class StateCommitter:
                     seq=seq,
                     outbox=outbox,
                     approvals=tuple(sorted(self._approvals())),
+                    unreadable=self._unreadable,
                     unknown_fields=self._unknown,
                 )
             )
         except OSError:  # logged once per streak by the store
             self._unsaved = outbox
+            self._failed = True
             self._count_failure("state", "state", 1)
             return
-        self._unsaved = ()
+        # Saved: what some spool may still lack rides along in the next save too.
+        self._unsaved = outbox if self._settled is not None else ()
+        self._failed = False
         self._last_save = now
+
+
+def _raw_entry(entry: UnreadableLine) -> object:
+    """An outbox entry this release could not read, as the file held it."""
+    content = entry.content
+    return content.get("record") if isinstance(content, dict) else content
 
 
 def _event_id(item: UnreadableItem) -> str:

@@ -38,7 +38,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from scheduled_events_exporter import failpoints
@@ -163,7 +163,10 @@ class DeliveryWorker:
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
 
     def start(self) -> None:
-        """Load what the spool still holds from before a restart, then start the thread."""
+        """Load what the spool still holds from before a restart, then start the thread (once:
+        a second call does nothing)."""
+        if self._thread.ident is not None:
+            return
         if self._spool is not None:
             waiting = self._spool.load(self._reject_unreadable)
             if waiting:
@@ -182,22 +185,69 @@ class DeliveryWorker:
         self._enqueue(records, durable=True)
 
     def recover(self, outbox: Sequence[TransitionRecord],
-                unreadable: Sequence[UnreadableLine] = ()) -> None:
+                unreadable: Sequence[UnreadableLine] = ()) -> list[UnreadableLine]:
         """After :meth:`start`, what the state file's outbox holds: records committed just
         before a crash may not have reached the spool (appended now, idempotent by sequence
         number), and entries this release cannot read go to the dead-letter file unless this
-        sink's spool already has their sequence number (its own copy is handled there)."""
+        sink's spool already has their sequence number (its own copy is handled there).
+        Returns the entries whose letters could not be written: the state file keeps them."""
+        kept = []
         for line in unreadable:
             if line.seq is not None and line.seq <= self._seq:
                 continue
             try:
                 self._reject_unreadable(line, "the state file's outbox")
-            except OSError as exc:  # the watch said why; the entry is at least in this line
-                log.error("sink %s: outbox entry (seq %s) not kept (%s): %s", self.name,
-                          line.seq, exc, letters.unreadable(self.name, line.seq, line.content,
-                                                            line.reason).to_json().decode()
-                          .rstrip()[:65536])
+            except OSError:  # the watch said why; the state file keeps the entry
+                log.error("sink %s: outbox entry (seq %s) not dead-lettered yet (the "
+                          "dead-letter file cannot be written): the state file keeps it "
+                          "until a start can", self.name, line.seq)
+                kept.append(line)
         self._enqueue(outbox, durable=True)
+        return kept
+
+    # --- records put back by redeliver (delivery/redrive.py's Target) -------------------------
+    @property
+    def last_seq(self) -> int:
+        """The highest sequence number this sink was given."""
+        with self._cond:
+            return self._seq
+
+    def append_durably(self, records: Sequence[TransitionRecord]) -> None:
+        """Append ``records`` to the spool (fsynced) without queueing them yet; first the
+        records a disk fault kept out of it, so the spool never gets a number above one it
+        still lacks. ``OSError`` when it cannot (none of ``records`` is then in the spool)."""
+        if self._spool is None:
+            raise OSError("no spool: SEE_STATE_DIR is empty")
+        with self._spool_lock:
+            if self._spool_behind:
+                with self._cond:
+                    behind = [q.record for q in self._queue]
+                self._spool.append(behind)  # OSError: still behind; nothing else written
+                self._spool_behind = False
+            self._spool.append(records)
+
+    def unappend(self, seqs: Collection[int]) -> None:
+        """Take back lines :meth:`append_durably` wrote (a put-back that could not finish)."""
+        if self._spool is not None:
+            with self._spool_lock:
+                self._spool.remove(seqs)
+
+    def enqueue(self, records: Sequence[TransitionRecord]) -> None:
+        """Queue records :meth:`append_durably` made durable."""
+        self._enqueue(records, durable=False)
+
+    def settled_seq(self) -> int:
+        """Every record given to this sink up to this sequence number is durable in its spool,
+        or delivered, or dropped and counted: the state file's outbox need not keep them."""
+        with self._cond:
+            given = self._seq
+        if self._spool is None or not self._spool_behind:
+            return given
+        return max(self._spool.last_seq, self._acked_wanted)
+
+    def storage_faulty(self) -> bool:
+        """Whether a file of this sink (spool, dead-letter file) cannot be written now."""
+        return self._storage_faulty()
 
     def _enqueue(self, records: Sequence[TransitionRecord], *, durable: bool) -> None:
         # Idempotent by sequence number: the start-up outbox repair may offer records again.

@@ -14,11 +14,11 @@ from typing import Protocol
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
-from scheduled_events_exporter.codec import UnreadableLine
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
 from scheduled_events_exporter.delivery.outcome import SinkStatus
 from scheduled_events_exporter.delivery.spool import Spool
+from scheduled_events_exporter.delivery.worker import DeliveryWorker
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.telemetry import ExtraMetrics
 
@@ -41,11 +41,10 @@ class Sink(Protocol):
         """Hand records over for delivery, in order. Must not block on I/O."""
         ...
 
-    def recover(self, outbox: Sequence[TransitionRecord],
-                unreadable: Sequence[UnreadableLine]) -> None:
-        """At start, after :meth:`start`: the state file's outbox (records committed before a
-        crash may not have reached this sink's spool) and the outbox entries this release
-        cannot read (dead-lettered unless the spool has them)."""
+    @property
+    def delivery(self) -> DeliveryWorker:
+        """The sink's delivery worker: the start sequence (``delivery/start.py``) hands it the
+        state file's outbox and a redeliver request's records."""
         ...
 
     def metrics_changed(self) -> None:

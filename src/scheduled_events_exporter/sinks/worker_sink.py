@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 
-from scheduled_events_exporter.codec import UnreadableLine
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.delivery.outcome import FailureCounter, SinkStatus
 from scheduled_events_exporter.delivery.pause import Pause
@@ -57,10 +56,10 @@ class WorkerSink:
         """Queue records for delivery (durably when a spool is configured)."""
         self._worker.submit(records)
 
-    def recover(self, outbox: Sequence[TransitionRecord],
-                unreadable: Sequence[UnreadableLine] = ()) -> None:
-        """After :meth:`start`: the state file's outbox (see ``DeliveryWorker.recover``)."""
-        self._worker.recover(outbox, unreadable)
+    @property
+    def delivery(self) -> DeliveryWorker:
+        """The sink's delivery worker (for the start sequence)."""
+        return self._worker
 
     def shutdown(self, timeout: float) -> bool:
         """Deliver what is queued within ``timeout``, then release the sink's resources."""
