@@ -12,6 +12,11 @@ docs/otlp-conformance.md:
 * a redirect is a configuration error: said once with its ``Location``, in ``/readyz``, the
   records kept until the endpoint is right;
 * a partial success with nothing rejected but a message is said once;
+* sizes (OTLP 1.11.0): an accepted export is delivered once whatever the size of its answer
+  (over the 4 MiB the client reads, plain or compressed, or long gRPC trailers: delivered,
+  never resent, never dead-lettered, its partial success said to be unknown); a refusal is
+  read by its status whatever the size of its body or message (the request limit, which no
+  IMDS document can reach, is tests/test_otlp_limits.py's);
 * headers checked at start against the Baggage grammar, never shown; gRPC ``unix:`` targets;
   a timeout that looks like milliseconds named so.
 """
@@ -287,19 +292,40 @@ def long_message(size: int) -> str:
     return (line * (size // len(line) + 1))[:size]
 
 
-@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-@pytest.mark.parametrize("size", [100_000, 5_000_000], ids=["100kB", "5MB"])
+#: (protocol, the answer to every accepted request, what the exporter makes of it: "read" (a
+#: long warning, read and shown bounded), "unread" (over the 4 MiB the client reads: the
+#: records delivered, the partial success unknown), "plain" (nothing to say))
+ANSWERS = [
+    pytest.param("http/protobuf", Reply(partial=(0, long_message(100_000))), "read",
+                 id="http-100kB"),
+    pytest.param("http/protobuf", Reply(partial=(0, long_message(5_000_000))), "unread",
+                 id="http-5MB"),
+    # A few kB on the wire, 5 MB once decompressed: the limit is on what is decompressed.
+    pytest.param("http/protobuf", Reply(partial=(0, long_message(5_000_000)), gzip=True),
+                 "unread", id="http-5MB-gzip-encoded"),
+    pytest.param("grpc", Reply(partial=(0, long_message(100_000))), "read", id="grpc-100kB"),
+    pytest.param("grpc", Reply(partial=(0, long_message(5_000_000))), "unread", id="grpc-5MB"),
+    pytest.param("grpc", Reply(partial=(0, long_message(5_000_000)), gzip=True), "unread",
+                 id="grpc-5MB-compressed"),
+    # Over gRPC's own metadata limit (16 KiB), which failed an accepted call on our side.
+    pytest.param("grpc", Reply(trailers=(("x-collector-note", "n" * 100_000),)), "plain",
+                 id="grpc-100kB-trailers"),
+]
+
+
+@pytest.mark.parametrize(("protocol", "reply", "kind"), ANSWERS)
 @pytest.mark.timeout(90)
 def test_an_accepted_export_is_delivered_once_whatever_the_size_of_its_answer(
-        sim: Simulator, tmp_path: Path, protocol: str, size: int) -> None:
+        sim: Simulator, tmp_path: Path, protocol: str, reply: Reply, kind: str) -> None:
     # The protocol's response limit protects the client; it must not turn a request the
     # collector accepted into a refusal. 100 kB: over the 64 KiB the exporter once read, within
     # the 4 MiB it reads now (both protocols). 5 MB: over even that, the answer discarded
-    # unread (over gRPC, the failure is gRPC's own receive limit on our side, not a refusal).
-    # Two events a few seconds apart, the first batch holding two records.
-    text = long_message(size)
+    # unread (over gRPC, the failure is gRPC's own receive limit on our side, not a refusal),
+    # the specification's non-retryable error: for an accepted export, delivered, never sent
+    # again, never dead-lettered, what it said unknown. Two events a few seconds apart, the
+    # first batch holding two records.
     standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
-    with standin(lambda ids: Reply(partial=(0, text))) as collector:
+    with standin(lambda ids: reply) as collector:
         env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
         with ExporterProcess(env) as proc:
             sim.set_events([event("L-1"), event("L-2")])
@@ -316,16 +342,85 @@ def test_an_accepted_export_is_delivered_once_whatever_the_size_of_its_answer(
                                         ("L-3", "scheduled")]
     assert [r.records for r in collector.log] == [2, 1], "each sent once, never split"
     assert dead_letters(tmp_path) == [] and status["dead_lettered"] == 0, status
+    assert status["last_error"] == "" and status["consecutive_failures"] == 0, status
+    assert all(len(line) < 1000 for line in proc.stderr_lines), "a long message logged whole"
     # The collector's words are shown, bounded (once per streak: both answers are alike).
     warned = [line for line in proc.stderr_lines if "with a warning" in line]
-    assert len(warned) == 1, proc.stderr()[-3000:]
-    assert "accepted all 2 records with a warning" in warned[0]
-    assert all(len(line) < 1000 for line in proc.stderr_lines), "a long message logged whole"
-    if size > 4 * 1024 * 1024:
-        assert "larger than 4194304 bytes" in warned[0], warned[0]
-    else:
+    unknown = [line for line in proc.stderr_lines if "is unknown" in line]
+    if kind == "read":
+        assert len(warned) == 1 and not unknown, proc.stderr()[-3000:]
+        assert "accepted all 2 records with a warning" in warned[0]
         assert "attribute azure.scheduled_event.resources exceeds" in warned[0], warned[0]
-        assert f"{size} characters" in warned[0], warned[0]
+        assert "100000 characters" in warned[0], warned[0]
+    elif kind == "unread":
+        assert len(unknown) == 1 and not warned, proc.stderr()[-3000:]
+        ok = "gRPC OK" if protocol == "grpc" else "HTTP 200"
+        assert (f"the collector accepted the request of 2 records ({ok}) but the response was "
+                "larger than 4194304 bytes and was discarded unread: whether it dropped some "
+                "of them (a partial success) is unknown; they count as delivered and are not "
+                "sent again; counted in azure.scheduled_events.export.failures"
+                '{signal="response_discarded"}') in unknown[0], unknown[0]
+    else:
+        assert not warned and not unknown, proc.stderr()[-3000:]
+
+
+#: (protocol, the refusal, its status as the exporter names it, whether it is retried): a
+#: refusal whose body (HTTP) or message (gRPC) is far larger than the client reads. Its
+#: status decides, whatever the size; nothing beyond the limit is read.
+REFUSALS = [
+    pytest.param("http/protobuf", Reply(503, (("Retry-After", "2"),), body=b"x" * 5_000_000),
+                 "HTTP 503", True, id="http-503-5MB-text"),
+    pytest.param("http/protobuf", Reply(400, body=b"\x12" + b"\xff" * 4 + b"x" * 5_000_000),
+                 "HTTP 400", False, id="http-400-5MB-protobuf"),
+    pytest.param("grpc", Reply("UNAVAILABLE", retry_info=2.0, message="m" * 100_000),
+                 "gRPC UNAVAILABLE", True, id="grpc-unavailable-retry-info-100kB-message"),
+    pytest.param("grpc", Reply("INVALID_ARGUMENT", message="m" * 100_000),
+                 "gRPC INVALID_ARGUMENT", False, id="grpc-invalid-argument-100kB-message"),
+]
+
+
+@pytest.mark.parametrize(("protocol", "refusal", "shown", "retried"), REFUSALS)
+@pytest.mark.timeout(90)
+def test_a_refusal_is_read_by_its_status_whatever_the_size_of_its_answer(
+        sim: Simulator, tmp_path: Path, protocol: str, refusal: Reply, shown: str,
+        retried: bool) -> None:
+    # Three records in flight. Retryable: the first request is refused (with a 2 s pause),
+    # then all is accepted. Not retryable: every request holding BAD is refused; BAD is
+    # dead-lettered, the others and the event after it delivered.
+    first = [True]
+
+    def answer(ids: list[str]) -> Reply | None:
+        if retried:
+            refuse, first[0] = first[0], False
+            return refusal if refuse else None
+        return refusal if "BAD" in ids else None
+
+    standin = OtlpGrpcStandIn if protocol == "grpc" else OtlpHttpStandIn
+    with standin(answer) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, protocol)
+        with ExporterProcess(env) as proc:
+            document = [event("GOOD-1"), event("BAD"), event("GOOD-2")]
+            sim.set_events(document)
+            good = {("GOOD-1", "scheduled"), ("GOOD-2", "scheduled")}
+            collector.wait_for(lambda a: good <= set(seen(a)), 30, "the records")
+            if not retried:
+                wait_until(lambda: len(dead_letters(tmp_path)) == 1, 20, "BAD dead-lettered")
+            sim.set_events([*document, event("AFTER")])
+            collector.wait_for(lambda a: ("AFTER", "scheduled") in seen(a), 30, "AFTER")
+            assert proc.terminate() == 0
+    failed = [line for line in proc.stderr_lines if shown in line]
+    assert failed and all(len(line) < 1500 for line in proc.stderr_lines), proc.stderr()[-3000:]
+    assert not [line for line in proc.stderr_lines if "RESOURCE_EXHAUSTED" in line]
+    if retried:
+        assert seen(collector.accepted) == [("GOOD-1", "scheduled"), ("BAD", "scheduled"),
+                                            ("GOOD-2", "scheduled"), ("AFTER", "scheduled")]
+        first_try, second_try = collector.log[:2]
+        assert second_try.arrival - first_try.arrival >= 1.9, "the pause asked for, waited"
+        assert dead_letters(tmp_path) == []
+    else:
+        assert [e for e, _ in seen(collector.accepted)] == ["GOOD-1", "GOOD-2", "AFTER"]
+        (letter,) = dead_letters(tmp_path)
+        assert (letter["event_id"], letter["status"]) == ("BAD", shown), letter
 
 
 # --- Metrics: delta counts kept ----------------------------------------------------------------

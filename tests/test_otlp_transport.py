@@ -35,11 +35,18 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 )
 
 from scheduled_events_exporter.otlp_settings import OtlpTarget
-from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport, own_receive_limit
+from scheduled_events_exporter.sinks.grpc_channel import (
+    GrpcTransport,
+    own_metadata_limit,
+    own_receive_limit,
+)
 from scheduled_events_exporter.sinks.otlp_transport import (
     MAX_ERROR_BYTES,
+    MAX_REQUEST_BYTES,
     MAX_RESPONSE_BYTES,
+    REQUEST_TOO_LARGE,
     HttpTransport,
+    Limits,
     rpc_status,
     status_message,
 )
@@ -233,6 +240,12 @@ class GrpcCalls:
     metadata: list[dict[str, str]] = field(default_factory=list)
     #: The partial-success message of an accepted request.
     message: str = "one too old"
+    #: What a refusal says (its status message).
+    refusal: str = "told to refuse"
+    #: An accepted request's answer compressed with gzip (whatever the request was), and the
+    #: trailing metadata sent with it.
+    gzip_answer: bool = False
+    trailers: tuple[tuple[str, str], ...] = ()
 
 
 def grpc_serve(address: str, options: tuple[tuple[str, int], ...] = ()) -> Iterator[GrpcCalls]:
@@ -247,9 +260,14 @@ def grpc_serve(address: str, options: tuple[tuple[str, int], ...] = ()) -> Itera
                 context.set_trailing_metadata((("grpc-status-details-bin",
                                                 status_with_retry_info(code.value[0], "throttled",
                                                                        verdict[1])),))
-                context.abort(code, "throttled")
+                context.abort(code, "throttled" if calls.refusal == "told to refuse"
+                              else calls.refusal)
             if verdict is not None:
-                context.abort(getattr(grpc.StatusCode, verdict), "told to refuse")
+                context.abort(getattr(grpc.StatusCode, verdict), calls.refusal)
+            if calls.gzip_answer:
+                context.set_compression(grpc.Compression.Gzip)
+            if calls.trailers:
+                context.set_trailing_metadata(calls.trailers)
             return ExportLogsServiceResponse(partial_success=ExportLogsPartialSuccess(
                 rejected_log_records=1, error_message=calls.message))
 
@@ -348,7 +366,8 @@ def test_http_reads_a_response_body_only_up_to_the_bound(http: Server) -> None:
     first = transport.send(REQUEST, 5)
     # An error body is read to its bound (and said to have been cut), shown in 200 characters.
     assert (first.status, first.detail) == (
-        503, "x" * 200 + f"... ({MAX_ERROR_BYTES + 1} characters)")
+        503, "x" * 200 + f"... ({MAX_ERROR_BYTES} characters) (a body larger than "
+        f"{MAX_ERROR_BYTES} bytes; the rest was not read)")
     second = transport.send(REQUEST, 5)  # the connection left mid-body is not reused
     assert (second.ok, second.detail) == (True, "ok")
     transport.close()
@@ -406,7 +425,7 @@ def test_http_a_success_too_large_to_read_is_still_a_success_and_says_so(http: S
     http.replies.append((200, {"Content-Type": "application/x-protobuf"},
                          b"\x0a" + b"x" * (2 * MAX_RESPONSE_BYTES)))
     answer = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs")).send(REQUEST, 5)
-    assert (answer.ok, answer.rejected) == (True, 0)
+    assert (answer.ok, answer.rejected, answer.unread) == (True, 0, True)
     assert answer.detail == (f"the response was larger than {MAX_RESPONSE_BYTES} bytes "
                              "and was discarded unread")
 
@@ -451,8 +470,8 @@ def test_grpc_an_answer_over_our_receive_limit_is_an_accepted_request(
         again = transport.send(REQUEST, 5)  # the channel still works
     finally:
         transport.close()
-    assert (answer.ok, answer.status, answer.rejected, answer.retry_after) == (
-        True, "OK", 0, None)
+    assert (answer.ok, answer.status, answer.rejected, answer.retry_after, answer.unread) == (
+        True, "OK", 0, None, True)
     assert answer.detail == (f"the response was larger than {MAX_RESPONSE_BYTES} bytes and was "
                              "discarded unread")
     assert again.ok and len(grpc_server.metadata) == 2
@@ -468,13 +487,42 @@ def test_grpc_an_answer_over_our_receive_limit_is_an_accepted_request(
     ("Received message larger than max (5000000 vs. 4194304)", 5000000, False),
     # Another limit than ours, another failure, nothing at all.
     ("CLIENT: Received message larger than max (5006 vs. 65536)", 10, False),
-    ("Decompressed message larger than max", 10, False),
     ("quota exceeded", 10, False),
     ("", 10, False),
 ])
 def test_own_receive_limit_is_told_only_on_proof(details: str, request_size: int,
                                                  ours: bool) -> None:
     assert own_receive_limit(details, request_size, 4194304) is ours
+    assert own_receive_limit(details, request_size, 4194304, compressed=True) is ours
+
+
+@pytest.mark.parametrize(("details", "compressed", "ours"), [
+    # grpcio 1.85 names neither side nor number for a message over the limit once
+    # decompressed; a server says the same of a gzipped request over its own limit.
+    ("Decompressed message larger than max", False, True),
+    ("Stream removed (Decompressed message larger than max)", False, True),
+    ("Decompressed message larger than max", True, False),
+    # A release that names the side is believed.
+    ("CLIENT: Decompressed message larger than max", True, True),
+    ("SERVER: Decompressed message larger than max", False, False),
+])
+def test_a_decompressed_answer_over_the_limit_is_ours_only_when_the_request_was_not_gzipped(
+        details: str, compressed: bool, ours: bool) -> None:
+    assert own_receive_limit(details, 10, 4194304, compressed=compressed) is ours
+
+
+@pytest.mark.parametrize(("details", "ours"), [
+    ("Stream removed (received metadata size exceeds hard limit (value length 5000000 vs. "
+     "4194304))", True),
+    # A server refusing our metadata (no "Stream removed"), or another limit than ours.
+    ("received metadata size exceeds hard limit (value length 100000 vs. 16384)", False),
+    ("Stream removed (received metadata size exceeds hard limit (value length 100000 vs. "
+     "16384))", False),
+    ("Stream removed (CLIENT: Received message larger than max (5006 vs. 4194304))", False),
+    ("", False),
+])
+def test_own_metadata_limit_is_told_only_on_proof(details: str, ours: bool) -> None:
+    assert own_metadata_limit(details, 4194304) is ours
 
 
 def test_http_an_error_answer_names_the_url_posted_to_without_userinfo_or_query(
@@ -514,3 +562,200 @@ def test_grpc_an_unimplemented_answer_names_the_method_and_the_target() -> None:
     finally:
         transport.close()
     assert not answer.ok and "secret" not in answer.sent_to, answer
+
+
+# --- Sizes (OTLP 1.11.0, "OTLP/HTTP Request", "OTLP/HTTP Response", "OTLP/gRPC Request",
+# "OTLP/gRPC Response"; docs/otlp-conformance.md, "Request and response size") ---------------
+
+def padded(size: int) -> ExportLogsServiceRequest:
+    """A logs request of one record whose serialized size is at least ``size`` (compresses
+    to almost nothing)."""
+    request = ExportLogsServiceRequest()
+    request.resource_logs.add().scope_logs.add().log_records.add(event_name="e" * size)
+    return request
+
+
+def test_the_limits_are_the_specifications_recommended_defaults() -> None:
+    assert (MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES) == (64 * 1024 * 1024, 4 * 1024 * 1024)
+    assert Limits() == Limits(MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES)
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_http_a_request_over_the_limit_is_never_sent(http: Server, gzipped: bool) -> None:
+    # Measured before compression: 100 kB of one letter gzips to a few hundred bytes.
+    big = padded(100_000)
+    transport = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs", gzip=gzipped),
+                              Limits(max_request_bytes=big.ByteSize() - 1))
+    try:
+        refused = transport.send(big, 5)
+        at_limit = transport.send(padded(100_000 - 10), 5)
+    finally:
+        transport.close()
+    assert (refused.ok, refused.status) == (False, REQUEST_TOO_LARGE)
+    assert refused.detail == (f"the request is {big.ByteSize()} bytes, over the client's limit "
+                              f"of {big.ByteSize() - 1} bytes; it was not sent")
+    assert at_limit.ok and len(http.seen) == 1, "only the one within the limit was sent"
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_grpc_a_request_over_the_limit_is_never_sent(grpc_server: GrpcCalls,
+                                                     gzipped: bool) -> None:
+    big = padded(100_000)
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}", gzip=gzipped),
+                              limits=Limits(max_request_bytes=big.ByteSize() - 1))
+    try:
+        refused = transport.send(big, 5)
+        assert grpc_server.metadata == [], "not sent"
+        exactly = padded(100_000)
+        exactly.resource_logs[0].scope_logs[0].log_records[0].event_name = "e" * 99_999
+        at_limit = transport.send(exactly, 5)
+    finally:
+        transport.close()
+    assert (refused.ok, refused.status) == (False, REQUEST_TOO_LARGE)
+    assert at_limit.ok and len(grpc_server.metadata) == 1
+
+
+def test_http_a_gzipped_success_is_bounded_after_decompression(http: Server) -> None:
+    # 5 MB of partial-success words gzip to a few kB: the bound is on what they decompress to.
+    bomb = gzip.compress(partial(2, long_words(5_000_000)))
+    assert len(bomb) < 100_000
+    gz = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+    http.replies += [(200, gz, bomb), (200, gz, gzip.compress(partial(2, "two too old")))]
+    transport = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs"))
+    try:
+        unread = transport.send(REQUEST, 5)
+        read = transport.send(REQUEST, 5)  # a new connection: the last one was left mid-body
+    finally:
+        transport.close()
+    assert (unread.ok, unread.status, unread.rejected, unread.unread) == (True, 200, 0, True)
+    assert unread.detail == (f"the response was larger than {MAX_RESPONSE_BYTES} bytes and was "
+                             "discarded unread")
+    assert (read.ok, read.rejected, read.detail, read.unread) == (True, 2, "two too old", False)
+
+
+def raw_server(answer: bytes) -> Iterator[int]:
+    """A server that reads one request and answers ``answer`` as it is, then closes."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve_one() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += connection.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+            while len(body) < length:
+                body += connection.recv(65536)
+            connection.sendall(answer)
+
+    thread = threading.Thread(target=serve_one, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("answer", [
+    # Cut off: the status said accepted, the body never came whole.
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n"
+    b"\x0a\x05",
+    # An encoding that is not what it says.
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Encoding: gzip\r\n"
+    b"Content-Length: 12\r\n\r\nnot gzip at all"[:-3],
+], ids=["cut-off", "not-gzip"])
+def test_http_a_success_whose_body_cannot_be_read_is_still_accepted(answer: bytes) -> None:
+    for port in raw_server(answer):
+        got = HttpTransport(target(f"http://127.0.0.1:{port}/v1/logs")).send(REQUEST, 5)
+        assert (got.ok, got.status, got.unread) == (True, 200, True), got
+        assert got.detail.startswith("the response could not be read ("), got.detail
+
+
+def test_http_an_error_answer_over_the_bound_keeps_its_status_and_its_retry_after(
+        http: Server) -> None:
+    pytest.importorskip("google.rpc.status_pb2")
+    # A google.rpc.Status with a RetryInfo of 3 s and a message of 5 MB: cut at the bound, it
+    # is not parsed (a cut message is no message); the status and the header decide.
+    body = status_with_retry_info(14, long_words(5_000_000), 3.0)
+    proto = {"Content-Type": "application/x-protobuf"}
+    http.replies += [(503, {**proto, "Retry-After": "7"}, body), (429, proto, body),
+                     (400, proto, body), (200, proto, partial(0, ""))]
+    transport = HttpTransport(target(f"http://127.0.0.1:{http.port}/v1/logs"))
+    try:
+        answers = [transport.send(REQUEST, 5) for _ in range(4)]
+    finally:
+        transport.close()
+    not_read = f"(a body larger than {MAX_ERROR_BYTES} bytes; the rest was not read)"
+    assert [(a.ok, a.status, a.retry_after, a.detail) for a in answers[:3]] == [
+        (False, 503, 7.0, not_read), (False, 429, None, not_read), (False, 400, None, not_read)]
+    assert answers[3].ok, "the connection left mid-body is not reused"
+
+
+def test_grpc_a_compressed_answer_over_the_limit_is_accepted_unless_the_request_was_gzipped(
+        grpc_server: GrpcCalls) -> None:
+    # gRPC checks the limit after decompression too, in words that name no side: ours only
+    # when the request went uncompressed (a server decompresses only what was compressed).
+    # (Just over the limit, grpcio 1.85 says "CLIENT: Received message larger than max";
+    # well over it, as here, "Decompressed message larger than max".)
+    grpc_server.message = long_words(5_000_000)
+    grpc_server.gzip_answer = True
+    answers = []
+    for gzipped in (False, True):
+        transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}", gzip=gzipped))
+        try:
+            answers.append(transport.send(REQUEST, 5))
+        finally:
+            transport.close()
+    plain, gzipped_request = answers
+    assert (plain.ok, plain.status, plain.unread) == (True, "OK", True), plain
+    # After a gzipped request the same words may be the collector refusing it for its size:
+    # its refusal for size, as ever (split, a record alone dead-lettered; never lost).
+    assert (gzipped_request.ok, gzipped_request.status) == (False, "RESOURCE_EXHAUSTED")
+    assert gzipped_request.detail == "Decompressed message larger than max"
+    assert len(grpc_server.metadata) == 2
+
+
+@pytest.mark.parametrize("status", ["INVALID_ARGUMENT", "UNAVAILABLE", ("UNAVAILABLE", 2.5)],
+                         ids=["invalid-argument", "unavailable", "unavailable-retry-info"])
+def test_grpc_a_refusal_with_a_long_message_keeps_its_status(
+        grpc_server: GrpcCalls, status: str | tuple[str, float]) -> None:
+    # gRPC's own metadata limit (16 KiB) turned a refusal with a 100 kB message into a
+    # RESOURCE_EXHAUSTED of ours: the collector's status (and RetryInfo) was lost.
+    grpc_server.refusal = long_words(100_000)
+    grpc_server.replies.append(status)
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}"))
+    try:
+        answer = transport.send(REQUEST, 5)
+    finally:
+        transport.close()
+    name, delay = status if isinstance(status, tuple) else (status, None)
+    assert (answer.ok, answer.status, answer.retry_after) == (False, name, delay), answer
+    assert answer.detail.endswith("... (100000 characters)") and len(answer.detail) < 300
+
+
+def test_grpc_an_accepted_answer_with_long_trailers_is_accepted(grpc_server: GrpcCalls) -> None:
+    grpc_server.trailers = (("x-collector-note", "n" * 100_000),)
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}"))
+    try:
+        answer = transport.send(REQUEST, 5)
+    finally:
+        transport.close()
+    assert (answer.ok, answer.status, answer.rejected) == (True, "OK", 1), answer
+
+
+def test_grpc_metadata_over_the_limit_is_no_answer(grpc_server: GrpcCalls) -> None:
+    # Over the limit, the collector's status is unknown: read as no answer (retried), as a
+    # server that disconnects without answering.
+    grpc_server.trailers = (("x-collector-note", "n" * 100_000),)
+    transport = GrpcTransport(target(f"http://127.0.0.1:{grpc_server.port}"),
+                              limits=Limits(max_response_bytes=16 * 1024))
+    try:
+        answer = transport.send(REQUEST, 5)
+    finally:
+        transport.close()
+    assert (answer.ok, answer.status) == (False, None), answer
+    assert answer.detail == "the answer's metadata was larger than 16384 bytes and was not read"

@@ -10,7 +10,8 @@ accepts, a status or a :class:`Reply` refuses) and kept whole, accepted or not, 
 Both decode each logs request with the real OTLP protobuf classes, answer according to
 :meth:`answer` (a callable given the EventIds in the request: ``None`` accepts, an HTTP status
 or a gRPC status name refuses, a :class:`Reply` scripts more: a ``Retry-After`` or ``Location``
-header, a gRPC ``RetryInfo``, a partial success), and keep every *accepted* log record, in
+header, a gRPC ``RetryInfo``, a partial success, the body of the answer as it is sent, a
+gzip-encoded answer, a refusal's message, gRPC trailers), and keep every *accepted* log record, in
 arrival order, with its serialized content, the request it came in and the sender the request
 named in the :data:`SENDER_HEADER` header (``OTEL_EXPORTER_OTLP_LOGS_HEADERS`` of the exporter
 sets it). ``max_bytes`` sets a size limit: over HTTP a larger request is answered 413 (as the
@@ -21,6 +22,7 @@ verdict), accepted or not, so a test can see how the exporter paced and split it
 
 from __future__ import annotations
 
+import gzip
 import sys
 import threading
 import time
@@ -55,6 +57,17 @@ class Reply:
     retry_info: float | None = None
     #: Accepted with an OTLP partial success: (rejected log records, error message).
     partial: tuple[int, str] | None = None
+    #: HTTP: the answer's body exactly as sent (accepted or refused), instead of the one made
+    #: from the fields above.
+    body: bytes | None = None
+    #: The answer compressed: HTTP ``Content-Encoding: gzip``; gRPC, the response message
+    #: compressed with gzip (whatever the request was).
+    gzip: bool = False
+    #: What a refusal says: the HTTP body's text (unless ``body``), the gRPC status message
+    #: (``None``: "refused by the stand-in", "refused").
+    message: str | None = None
+    #: gRPC: trailing metadata sent with an accepted request's answer.
+    trailers: tuple[tuple[str, str], ...] = ()
 
 
 #: Given the EventIds of a request, the refusal to answer with (``None``: accept).
@@ -232,17 +245,21 @@ class OtlpHttpStandIn(_Base):
                     self._reply(413, b"request body too large")
                     return
                 body = self.rfile.read(length)
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
                 if self.path == "/v1/logs":
                     reply = outer._handle(body, self.headers.get(SENDER_HEADER, ""))
                     if reply.status is not None:
-                        self._reply(int(reply.status), b"refused by the stand-in",
-                                    reply.headers)
+                        self._reply(int(reply.status),
+                                    (reply.message or "refused by the stand-in").encode(),
+                                    reply.headers,
+                                    reply)
                         return
                     rejected, message = reply.partial or (0, "")
                     self._reply(200, ExportLogsServiceResponse(
                         partial_success=ExportLogsPartialSuccess(
                             rejected_log_records=rejected, error_message=message),
-                    ).SerializeToString())
+                    ).SerializeToString(), reply.headers, reply)
                 elif self.path == "/v1/metrics":
                     reply = outer._handle_metrics(body)
                     if reply.status is not None:
@@ -254,7 +271,13 @@ class OtlpHttpStandIn(_Base):
                     self._reply(404, b"not found")
 
             def _reply(self, status: int, data: bytes,
-                       headers: tuple[tuple[str, str], ...] = ()) -> None:
+                       headers: tuple[tuple[str, str], ...] = (),
+                       reply: Reply | None = None) -> None:
+                if reply is not None and reply.body is not None:
+                    data = reply.body
+                if reply is not None and reply.gzip:
+                    data = gzip.compress(data)
+                    headers = (*headers, ("Content-Encoding", "gzip"))
                 if any(key.lower() == "date" for key, _ in headers):
                     # A scripted Date (a server whose clock differs from ours) replaces the
                     # one send_response would add.
@@ -316,7 +339,11 @@ class OtlpGrpcStandIn(_Base):
                     context.set_trailing_metadata(((
                         "grpc-status-details-bin",
                         status_details(code.value[0], "refused", reply.retry_info)),))
-                context.abort(code, "refused")
+                context.abort(code, "refused" if reply.message is None else reply.message)
+            if reply.gzip:
+                context.set_compression(grpc.Compression.Gzip)
+            if reply.trailers:
+                context.set_trailing_metadata(reply.trailers)
 
         class Logs(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
             def Export(self, request: Any, context: Any) -> Any:

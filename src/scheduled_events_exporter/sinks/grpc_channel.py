@@ -15,12 +15,24 @@ connects afresh instead of waiting out gRPC's own reconnection backoff (up to tw
 The calls are the generated ``LogsService``/``MetricsService`` stubs of ``opentelemetry-proto``;
 each sends once, retries are the caller's (:mod:`.otlp_transport`).
 
-An answer is received up to ``otlp_transport.MAX_RESPONSE_BYTES`` (4 MiB, gRPC's own default),
-as over HTTP. A larger one makes gRPC fail the call *on our side* with ``RESOURCE_EXHAUSTED``
-after the server had answered: a unary server sends a response message only with an OK status,
-so the collector took the records. Read as a refusal, it would split and dead-letter records
-that were delivered; it counts as accepted instead (:func:`own_receive_limit` says when the
-failure is provably ours), with the answer's words discarded unread, as over HTTP.
+Sizes, as over HTTP (:mod:`.otlp_transport`, :class:`~.otlp_transport.Limits`): a request over
+the request limit (its ``ByteSize()``, before compression) is never sent; an answer is received
+up to the response limit (4 MiB, gRPC's own default), which gRPC checks after decompression too.
+A larger one makes gRPC fail the call *on our side* with ``RESOURCE_EXHAUSTED`` after the server
+had answered: a unary server sends a response message only with an OK status, so the collector
+took the records. Read as a refusal, it would split and dead-letter records that were
+delivered, or send them again; it counts as accepted instead (:func:`own_receive_limit` says
+when the failure is provably ours), with the answer discarded unread, as over HTTP. gRPC's
+words for a message over the limit after decompression ("Decompressed message larger than
+max") name neither side nor number, and a server says the same of a compressed request over
+its own limit: they prove our limit only when the request went uncompressed (a server had
+nothing to decompress); after a gzipped request they stay the collector's refusal for size.
+
+The answer's metadata (headers and trailers: the status message, ``grpc-status-details-bin``)
+is bounded by the same limit (gRPC's default, 16 KiB, turned a refusal with a long message, or
+an OK with long trailers, into a ``RESOURCE_EXHAUSTED`` of our own that hid the collector's
+status). Metadata over the limit leaves the status unknown: it is read as no answer
+(:func:`own_metadata_limit`), retried, as a server that disconnects without answering.
 """
 
 from __future__ import annotations
@@ -36,12 +48,14 @@ import grpc  # type: ignore[import-untyped]
 from scheduled_events_exporter.otlp_settings import OtlpTarget
 from scheduled_events_exporter.sinks.otlp_transport import (
     MAX_RESPONSE_BYTES,
-    TOO_LONG_TO_READ,
     USER_AGENT,
     Answer,
+    Limits,
     partial_success,
+    refused_here,
     rpc_status,
     shown,
+    too_long_to_read,
 )
 
 #: Seconds a channel stays open after its last export: longer than the gap between the
@@ -55,21 +69,45 @@ STATUS_DETAILS = "grpc-status-details-bin"
 #: hit it (``CLIENT: ...``/``SERVER: ...``, as grpcio 1.85 does); older ones did not.
 _OVER_LIMIT = re.compile(
     r"(?:\b(CLIENT|SERVER): )?Received message larger than max \((\d+) vs\. (\d+)\)")
+#: ... and of a compressed message over it once decompressed (no side, no numbers in grpcio
+#: 1.85; a side is read if a release adds one).
+_DECOMPRESSED_OVER_LIMIT = re.compile(
+    r"(?:\b(CLIENT|SERVER): )?Decompressed message larger than max")
+#: ... and of metadata (headers, trailers) over the metadata limit; on our side the call's
+#: words start "Stream removed (", a server's refusal of our metadata does not.
+_METADATA_OVER_LIMIT = re.compile(
+    r"^Stream removed \(received metadata size exceeds hard limit "
+    r"\(value length (\d+) vs\. (\d+)\)\)$")
 
 T = TypeVar("T")
 
 
 def own_receive_limit(details: str, request_size: int,
-                      limit: int = MAX_RESPONSE_BYTES) -> bool:
+                      limit: int = MAX_RESPONSE_BYTES, *, compressed: bool = False) -> bool:
     """Whether a ``RESOURCE_EXHAUSTED`` with these ``details`` is our own receive limit
     (``limit``) refusing the server's answer, rather than the server refusing our request of
-    ``request_size`` bytes. Proof: gRPC's words name ``limit`` as the maximum, and either say
-    the client hit it, or the request was no larger than ``limit`` (a server whose limit is
-    the same number would have taken it). Anything else is the server's refusal."""
+    ``request_size`` bytes (sent gzipped when ``compressed``). Proof: gRPC's words name
+    ``limit`` as the maximum, and either say the client hit it, or the request was no larger
+    than ``limit`` (a server whose limit is the same number would have taken it); or they say
+    a decompressed message was over it, and either name the client or the request was not
+    compressed (a server decompresses only what was compressed). Anything else is the
+    server's refusal."""
+    decompressed = _DECOMPRESSED_OVER_LIMIT.search(details)
+    if decompressed is not None:
+        side = decompressed.group(1)
+        return side == "CLIENT" or (side is None and not compressed)
     match = _OVER_LIMIT.search(details)
     if match is None or match.group(1) == "SERVER" or int(match.group(3)) != limit:
         return False
     return match.group(1) == "CLIENT" or request_size <= limit
+
+
+def own_metadata_limit(details: str, limit: int = MAX_RESPONSE_BYTES) -> bool:
+    """Whether a ``RESOURCE_EXHAUSTED`` with these ``details`` is our own metadata limit
+    (``limit``) refusing the server's headers or trailers: gRPC's words for a stream our side
+    removed, naming ``limit``. A server refusing our (small) metadata says it otherwise."""
+    match = _METADATA_OVER_LIMIT.match(details)
+    return match is not None and int(match.group(2)) == limit
 
 
 class ChannelKeeper:
@@ -182,11 +220,13 @@ def _retry_info(error: Any) -> float | None:
 
 class GrpcTransport:
     """OTLP over gRPC to ``target.grpc_target`` (any target the gRPC client takes:
-    ``host:port``, ``dns:``, ``unix:``), one request per call."""
+    ``host:port``, ``dns:``, ``unix:``), one request per call, within ``limits``."""
 
     def __init__(self, target: OtlpTarget, *, linger: float = LINGER,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 limits: Limits | None = None) -> None:
         self._target = target
+        self._limits = limits if limits is not None else Limits()
         self._metadata = tuple(target.headers)
         self._compression = grpc.Compression.Gzip if target.gzip else grpc.Compression.NoCompression
         self._credentials = None if target.insecure else grpc.ssl_channel_credentials(
@@ -201,9 +241,14 @@ class GrpcTransport:
 
     def _open(self) -> None:
         # An answer is bounded as over HTTP: 4 MiB, room for a collector's long partial-success
-        # message (its count is worth reading), and no more than gRPC's own default.
+        # message (its count is worth reading), and no more than gRPC's own default; its
+        # metadata (a refusal's message, trailers) to the same, read rather than refused
+        # (gRPC's 16 KiB would hide the status of a refusal with a long message).
+        bound = self._limits.max_response_bytes
         options = [("grpc.primary_user_agent", USER_AGENT),
-                   ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)]
+                   ("grpc.max_receive_message_length", bound),
+                   ("grpc.max_metadata_size", bound),
+                   ("grpc.absolute_max_metadata_size", bound)]
         if self._credentials is None:
             self._channel = grpc.insecure_channel(self._target.grpc_target, options=options,
                                                   compression=self._compression)
@@ -218,7 +263,12 @@ class GrpcTransport:
             channel.close()
 
     def send(self, request: Any, timeout: float) -> Answer:
-        """Call ``Export`` once."""
+        """Call ``Export`` once (never with a request over the request limit)."""
+        # Its size as gRPC will serialize it (a second encoding's cost, ~5 ms a MB, for the
+        # guarantee that no call is started with a request over the limit).
+        refused = refused_here(int(request.ByteSize()), self._limits)
+        if refused is not None:  # not sent: no channel opened for it either
+            return refused
         answer = self._keeper.export(lambda: self._call(request, timeout))
         if answer.status == "UNAVAILABLE":
             self._keeper.discard()
@@ -234,10 +284,17 @@ class GrpcTransport:
             details = str((exc.details() if callable(getattr(exc, "details", None)) else "")
                           or "")
             name = code.name if code is not None else None
-            if name == "RESOURCE_EXHAUSTED" and own_receive_limit(details, request.ByteSize()):
+            bound = self._limits.max_response_bytes
+            if name == "RESOURCE_EXHAUSTED" and own_receive_limit(
+                    details, request.ByteSize(), bound, compressed=self._target.gzip):
                 # The collector answered, and only with OK does a server send an answer: the
                 # records were taken. Resending would duplicate them.
-                return Answer(True, "OK", detail=TOO_LONG_TO_READ)
+                return Answer(True, "OK", detail=too_long_to_read(bound), unread=True)
+            if name == "RESOURCE_EXHAUSTED" and own_metadata_limit(details, bound):
+                # Headers or trailers over our limit: the collector's status is unknown, as
+                # when it disconnects without answering.
+                return Answer(False, None, detail=(
+                    f"the answer's metadata was larger than {bound} bytes and was not read"))
             return Answer(False, name, detail=shown(details), retry_after=_retry_info(exc),
                           sent_to=self._sent_to)
         rejected, message = partial_success(response, self._target.signal)

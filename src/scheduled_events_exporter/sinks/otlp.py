@@ -13,6 +13,14 @@ says when it may be asked again. The ``OTEL_EXPORTER_OTLP_*`` settings are :mod:
 gRPC is imported only when a signal uses it (it costs ~15 MB, 6 threads and ~0.35 s of
 start-up), and its channels, with the gRPC core's threads, exist only around exports
 (:mod:`.grpc_channel`).
+
+Sizes (OTLP 1.11.0, :class:`~.otlp_transport.Limits`): a request over the request limit is
+never sent; a log record that alone makes one is dead-lettered with the status
+``request_too_large`` (the drop recorded: the letter, its log line and
+``export.failures{signal="dead_letter"}``), a metric export is dropped as refused for good. An
+accepted export whose answer is over the response limit is delivered (acknowledged, never sent
+again, never dead-lettered), what the answer said unknown: said once per streak and counted in
+``export.failures{signal="response_discarded"}``.
 """
 
 from __future__ import annotations
@@ -60,7 +68,12 @@ from scheduled_events_exporter.sinks.otlp_proto import (
     logs_request,
     metrics_request,
 )
-from scheduled_events_exporter.sinks.otlp_transport import Answer, HttpTransport, Transport
+from scheduled_events_exporter.sinks.otlp_transport import (
+    Answer,
+    HttpTransport,
+    Limits,
+    Transport,
+)
 from scheduled_events_exporter.sinks.worker_sink import WorkerSink
 from scheduled_events_exporter.streak import Streak
 from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
@@ -68,6 +81,9 @@ from scheduled_events_exporter.telemetry import ExtraMetrics, add_metrics
 log = logging.getLogger(__name__)
 
 _DELTA, _CUMULATIVE = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
+#: The ``signal`` of ``export.failures`` that counts answers to accepted exports discarded
+#: unread for their size (OTLP 1.11.0: the client SHOULD record a discarded response).
+RESPONSE_DISCARDED = "response_discarded"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 #: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, as the OpenTelemetry specification maps
 #: each preference onto the instrument kinds.
@@ -106,13 +122,14 @@ def authority(target: OtlpTarget) -> tuple[str, str, int | None] | str:
     return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
 
 
-def transport_for(target: OtlpTarget) -> Transport:
-    """The transport ``target``'s protocol asks for (gRPC imported only then)."""
+def transport_for(target: OtlpTarget, limits: Limits | None = None) -> Transport:
+    """The transport ``target``'s protocol asks for (gRPC imported only then), keeping to
+    ``limits`` (the specification's defaults when ``None``)."""
     if target.protocol == "grpc":
         from scheduled_events_exporter.sinks.grpc_channel import GrpcTransport
 
-        return GrpcTransport(target)
-    return HttpTransport(target)
+        return GrpcTransport(target, limits=limits)
+    return HttpTransport(target, limits)
 
 
 class OtlpMetricExporter(MetricExporter):
@@ -136,7 +153,10 @@ class OtlpMetricExporter(MetricExporter):
                  aggregation: dict[type, Aggregation] | None = None,
                  clock: Callable[[], float] = time.monotonic, *,
                  pause: Pause | None = None, backlog: MetricBacklog | None = None,
-                 also: Sequence[Pause] = ()) -> None:
+                 also: Sequence[Pause] = (), limits: Limits | None = None) -> None:
+        """``limits``: the request and response sizes of OTLP 1.11.0 (its defaults when
+        ``None``): an export over the request limit is not sent, and is dropped as refused
+        for good."""
         super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._clock = clock
         # The collector's requested pause (Retry-After, RetryInfo), capped by the Pause: the
@@ -148,7 +168,7 @@ class OtlpMetricExporter(MetricExporter):
         self._backlog = backlog if backlog is not None else MetricBacklog()
         self._keeps_delta = any(t is _DELTA for t in (temporality or {}).values())
         self._target = target
-        self._transport = transport_for(target)
+        self._transport = transport_for(target, limits)
         self._sink = sink
         self._count_failure = count_failure
         self._extra = extra
@@ -158,6 +178,8 @@ class OtlpMetricExporter(MetricExporter):
         self._refused: tuple[int, str] = (0, "")
         # Partial success without rejections but with a message: said once per streak.
         self._warned = Streak()
+        # Accepted, the answer too large to read: said once per streak.
+        self._unread = Streak()
         # Kept batches dropped at the bound, or refused for good: said once per streak.
         self._dropping = Streak()
         self._delivered_late = (0, 0)  # kept (batches, points) delivered since the last line
@@ -236,6 +258,16 @@ class OtlpMetricExporter(MetricExporter):
         return answer_kind(answer) in (FailureKind.PERMANENT, FailureKind.TOO_LARGE)
 
     def _accepted(self, answer: Answer) -> None:
+        if answer.unread:
+            self._count_failure(self._sink, RESPONSE_DISCARDED, 1)
+            if self._unread.hit():
+                log.warning("sink %s: the collector accepted the metric export (%s) but %s: "
+                            "whether it dropped some of the data points is unknown; counted in "
+                            "azure.scheduled_events.export.failures{signal=\"%s\"} (said once "
+                            "until an answer is read again)", self._sink,
+                            _status(answer), answer.detail, RESPONSE_DISCARDED)
+            return
+        self._unread.clear()
         if answer.rejected:
             log.warning("sink %s: the collector dropped %d of the metric data points: %s",
                         self._sink, answer.rejected, answer.detail or "no reason given")
@@ -296,6 +328,11 @@ class OtlpMetricExporter(MetricExporter):
         self._transport.close()
 
 
+def _status(answer: Answer) -> str:
+    """An accepting answer's status as a log line names it (``HTTP 200``, ``gRPC OK``)."""
+    return f"HTTP {answer.status}" if isinstance(answer.status, int) else f"gRPC {answer.status}"
+
+
 def _kept(delta: ExportMetricsServiceRequest) -> KeptBatch | None:
     """The batch to keep of an export's delta part (``None``: it has no point)."""
     points, start, end = data_points(delta)
@@ -313,9 +350,12 @@ class OtlpSink(WorkerSink):
 
     name = "otlp"
 
-    def __init__(self, config: Config, count_failure: FailureCounter) -> None:
+    def __init__(self, config: Config, count_failure: FailureCounter, *,
+                 limits: Limits | None = None) -> None:
+        """``limits``: the request and response sizes of OTLP 1.11.0, for both signals (the
+        specification's defaults when ``None``; no variable sets them)."""
         self._target = config.otlp_logs
-        self._transport = transport_for(config.otlp_logs)
+        self._transport = transport_for(config.otlp_logs, limits)
         # A pause per signal, each set by its own answers: the delivery worker holds the logs'
         # one. Metric exports also wait out the logs' pause when both go to the same scheme,
         # host and port (that collector asked us to wait); a refused metric export never holds
@@ -324,6 +364,7 @@ class OtlpSink(WorkerSink):
         self._metrics_pause = Pause()
         same = authority(config.otlp_logs) == authority(config.otlp_metrics)
         self._partial = Streak()
+        self._unread = Streak()
         self._count = count_failure
         # OTEL_METRICS_EXPORTER without otlp: records only, no metric reader.
         self._readers: tuple[OnChangeMetricReader, ...] = ()
@@ -334,7 +375,7 @@ class OtlpSink(WorkerSink):
                                    lambda: self._extra_metrics(), temporality,
                                    histogram_aggregation(config.metrics_histogram_aggregation),
                                    pause=self._metrics_pause,
-                                   also=(self._logs_pause,) if same else ()),
+                                   also=(self._logs_pause,) if same else (), limits=limits),
                 heartbeat=config.metric_export_interval,
             ),)
         super().__init__(config, count_failure, pause=self._logs_pause)
@@ -367,6 +408,21 @@ class OtlpSink(WorkerSink):
         answer = self._transport.send(logs_request(records, self._resource), self._target.timeout)
         if not answer.ok:
             raise export_error(answer, len(records))
+        if answer.unread:
+            # Accepted (the status said so), the answer over the response limit: the
+            # specification's non-retryable error. The records are delivered: acknowledged,
+            # never sent again, never dead-lettered; what the answer said (a partial success)
+            # is unknown, and that is said and counted.
+            self._count(self.name, RESPONSE_DISCARDED, 1)
+            if self._unread.hit():
+                log.warning("sink %s: the collector accepted the request of %d records (%s) but "
+                            "%s: whether it dropped some of them (a partial success) is unknown;"
+                            " they count as delivered and are not sent again; counted in "
+                            "azure.scheduled_events.export.failures{signal=\"%s\"} (said once "
+                            "until an answer is read again)", self.name, len(records),
+                            _status(answer), answer.detail, RESPONSE_DISCARDED)
+            return
+        self._unread.clear()
         if not answer.rejected and not answer.detail:
             self._partial.clear()
             return

@@ -15,14 +15,16 @@ without ``RetryInfo`` is what memory limiters and quotas answer when they are bu
 accepted smaller requests and none this large (then it is split); the specification reads it
 as not retryable, docs/otlp-conformance.md says why we depart from that. A 3xx is a
 configuration error: the route follows no redirect, and an OTLP endpoint that moved is a wrong
-setting. docs/decisions.md ("Transient, configuration, permanent") and docs/otlp-conformance.md
-have the references.
+setting. A request the client itself refused to send for its size (``REQUEST_TOO_LARGE``, over
+the request limit of OTLP 1.11.0) is permanent: the record is dead-lettered (alone after the
+worker's isolation), a metric export dropped, either counted. docs/decisions.md ("Transient,
+configuration, permanent") and docs/otlp-conformance.md have the references.
 """
 
 from __future__ import annotations
 
 from scheduled_events_exporter.delivery.outcome import DeliveryError, FailureKind
-from scheduled_events_exporter.sinks.otlp_transport import Answer
+from scheduled_events_exporter.sinks.otlp_transport import REQUEST_TOO_LARGE, Answer
 
 #: HTTP answers that mean "this request may succeed later" (OTLP/HTTP spec, plus 408).
 TRANSIENT_HTTP = frozenset({408, 429, 502, 503, 504})
@@ -93,8 +95,11 @@ def classify_grpc(name: str | None, retry_info: bool = False,
 
 
 def answer_kind(answer: Answer) -> FailureKind:
-    """What a failed export's answer comes to (an HTTP status, a gRPC status, or none)."""
+    """What a failed export's answer comes to (an HTTP status, a gRPC status, the client's own
+    refusal to send, or none)."""
     status = answer.status
+    if status == REQUEST_TOO_LARGE:  # never sent: it would be over the limit every time
+        return FailureKind.PERMANENT
     if isinstance(status, str):
         return classify_grpc(status, answer.retry_after is not None, answer.detail)
     return classify_http(status)
@@ -119,6 +124,9 @@ def export_error(answer: Answer, count: int) -> DeliveryError:
     if status is None:
         return DeliveryError(f"OTLP log export of {count} records failed (no answer{said})",
                              retry_after=answer.retry_after)
+    if status == REQUEST_TOO_LARGE:
+        return DeliveryError(f"OTLP log export of {count} records not sent{said}",
+                             FailureKind.PERMANENT, REQUEST_TOO_LARGE)
     kind = answer_kind(answer)
     if isinstance(status, int):
         shown, meaning = f"HTTP {status}", CONFIG_HTTP.get(status)
@@ -144,6 +152,8 @@ def describe(answer: Answer) -> str:
     """An answer in a few words, for a log line (``HTTP 503: overloaded``, ``no answer: ...``)."""
     if answer.status is None:
         return f"no answer ({answer.detail or 'collector unreachable or timed out'})"
+    if answer.status == REQUEST_TOO_LARGE:
+        return f"not sent: {answer.detail}"
     shown = f"HTTP {answer.status}" if isinstance(answer.status, int) else f"gRPC {answer.status}"
     if answer.location:  # a redirect: where to, since it is not followed
         shown = f"{shown} to {answer.location} (redirects are not followed)"

@@ -15,14 +15,30 @@ redirect is followed (an OTLP endpoint does not move; a 3xx is reported with its
 as a configuration error, :mod:`.otlp_errors`). gRPC: :mod:`.grpc_channel`, imported only
 when a signal uses it (``otlp.transport_for``).
 
-Answers are bounded (the protocol: the client MUST limit the response size). An accepted
-request's answer is read up to :data:`MAX_RESPONSE_BYTES` (4 MiB) on both protocols: an OTLP
-response is a count and a message, a few hundred bytes, but a collector's partial-success
-message can be long (one line per dropped item), and the count in it is worth reading. Past
-the bound the answer is discarded unread and the request still counts as accepted: the status
-said so, and resending would duplicate what the collector took. An error body (HTTP) is read to
-:data:`MAX_ERROR_BYTES` only: what is shown of it is its first words. The collector's words are
-logged bounded (:func:`shown`).
+Sizes (OTLP 1.11.0, "OTLP/HTTP Request", "OTLP/HTTP Response", "OTLP/gRPC Request",
+"OTLP/gRPC Response"; docs/otlp-conformance.md, "Request and response size"), the limits of a
+:class:`Limits` (its defaults the specification's recommendations, :data:`MAX_REQUEST_BYTES`
+and :data:`MAX_RESPONSE_BYTES`):
+
+* A request whose serialized size before compression is over the request limit is never sent
+  (the client "MUST NOT make the request"): the transport answers :data:`REQUEST_TOO_LARGE`
+  itself (:func:`refused_here`), which the sink reads as a permanent refusal of the record
+  (dead-lettered, counted: the drop recorded) or of the metric export (dropped, counted).
+* An accepted request's answer is read up to the response limit (4 MiB) on both protocols,
+  after decompression: an OTLP response is a count and a message, a few hundred bytes, but a
+  collector's partial-success message can be long (one line per dropped item), and the count
+  in it is worth reading. Past the limit the answer is discarded unread (HTTP: the rest of the
+  body is never read and the connection is closed; gRPC: its receive limit fails the call on
+  our side). That is the specification's "non-retryable error", and for an answer whose
+  status said the collector *accepted* the request it means: never sent again, acknowledged
+  (the collector has the records), never dead-lettered; whether the collector dropped some of
+  them (a partial success) is unknown, and the sink says so and counts it
+  (``Answer.unread``).
+* An error answer's body (HTTP) is read to :data:`MAX_ERROR_BYTES` only: its status decides
+  what happens to the records (retried or not), whatever the size of its body, and what is
+  shown of the body is its first words; a protobuf body cut at the bound is not parsed (no
+  ``RetryInfo`` is read from it; a ``Retry-After`` header still is). The collector's words are
+  logged bounded (:func:`shown`).
 
 Throttling: the delay a collector asks for is read here, from ``Retry-After`` in every form
 HTTP allows (:mod:`.retry_after`: delta-seconds and the three HTTP-date forms, measured from
@@ -59,9 +75,15 @@ from scheduled_events_exporter.sinks.retry_after import retry_after
 #: product tokens).
 USER_AGENT = (f"azure-scheduled-events-exporter/{__version__} "
               f"Python/{sys.version_info.major}.{sys.version_info.minor}")
-#: The most of an accepted request's answer read (HTTP body; gRPC's receive limit): gRPC's own
-#: default, the size the specification suggests. Beyond it the answer is not read (HTTP: the
-#: connection is closed; gRPC: the call fails on our side) and the request counts as accepted.
+#: The largest request sent, in bytes of its serialized message before compression: the
+#: specification's recommended default (64 MiB). The delivery worker's own bound on a request
+#: (``delivery.MAX_BATCH_BYTES``, about 4 MiB of records) keeps requests far below it; this is
+#: the guarantee that none over it is ever made, whatever put it together.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+#: The most of an accepted request's answer read (HTTP body; gRPC's receive limit), after
+#: decompression: gRPC's own default, the size the specification recommends. Beyond it the
+#: answer is not read (HTTP: the connection is closed; gRPC: the call fails on our side) and
+#: the request counts as accepted, its partial success unknown.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 #: The most of an error answer's body read (HTTP): only its first words are shown.
 MAX_ERROR_BYTES = 64 * 1024
@@ -78,9 +100,16 @@ def shown(text: str, limit: int = MAX_SHOWN) -> str:
     return f"{head[:limit]}... ({len(text)} characters)"
 
 
-#: Said, as the collector's warning, of an accepted request whose answer was over the bound.
-TOO_LONG_TO_READ = (f"the response was larger than {MAX_RESPONSE_BYTES} bytes and was "
-                    "discarded unread")
+def too_long_to_read(limit: int) -> str:
+    """What is said of an answer over the response limit ``limit``."""
+    return f"the response was larger than {limit} bytes and was discarded unread"
+
+
+#: Said of an accepted request whose answer was over the default response limit.
+TOO_LONG_TO_READ = too_long_to_read(MAX_RESPONSE_BYTES)
+#: The status of a request the client refused to send for its size (never reached a
+#: collector); the ``status`` of the record's dead letter.
+REQUEST_TOO_LARGE = "request_too_large"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +131,32 @@ class Answer:
     #: What was tried, for an error that says it was the wrong place (404, ``UNIMPLEMENTED``):
     #: ``POST <url>`` (no userinfo, no query), or the gRPC method and target.
     sent_to: str = ""
+    #: Accepted (``ok``), but the answer was over the response limit and discarded unread:
+    #: whether the collector dropped some of the items (a partial success) is unknown.
+    unread: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The sizes a transport keeps to (OTLP 1.11.0: a client limits both; the specification
+    recommends these defaults). Not read from the environment: the specification names no
+    variable for either (docs/otlp-conformance.md, C1, Z2, Z6)."""
+
+    #: Requests larger than this (serialized, before compression) are never sent.
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    #: Answers larger than this (after decompression) are not read.
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+
+
+def refused_here(size: int, limits: Limits) -> Answer | None:
+    """The answer the client gives itself for a request of ``size`` bytes (serialized, before
+    compression) over ``limits.max_request_bytes``, which then is never sent; ``None`` when it
+    may go."""
+    if size <= limits.max_request_bytes:
+        return None
+    return Answer(False, REQUEST_TOO_LARGE,
+                  detail=(f"the request is {size} bytes, over the client's limit of "
+                          f"{limits.max_request_bytes} bytes; it was not sent"))
 
 
 class Transport(Protocol):
@@ -208,10 +263,11 @@ def shown_url(url: str) -> str:
 
 
 class HttpTransport:
-    """OTLP over http/protobuf to ``target.endpoint``."""
+    """OTLP over http/protobuf to ``target.endpoint``, within ``limits``."""
 
-    def __init__(self, target: OtlpTarget) -> None:
+    def __init__(self, target: OtlpTarget, limits: Limits | None = None) -> None:
         self._target = target
+        self._limits = limits if limits is not None else Limits()
         self._url = target.endpoint
         self._sent_to = f"POST {shown_url(self._url)}"
         self._response = _response_type(target.signal)
@@ -234,27 +290,44 @@ class HttpTransport:
             self._pool = urllib3.PoolManager(num_pools=1, maxsize=1, retries=False, **tls)
 
     def send(self, request: Any, timeout: float) -> Answer:
-        """POST the request once."""
+        """POST the request once (never one over the request limit)."""
         body = request.SerializeToString()
+        refused = refused_here(len(body), self._limits)
+        if refused is not None:
+            return refused
         if self._target.gzip:
             body = gzip.compress(body)
+        accepted_bound = self._limits.max_response_bytes
+        error_bound = min(MAX_ERROR_BYTES, accepted_bound)
         try:
             response = self._pool.request(
                 "POST", self._url, body=body, headers=self._headers, redirect=False,
                 timeout=urllib3.Timeout(total=timeout), retries=False, preload_content=False)
-            data = _read_bounded(response, MAX_RESPONSE_BYTES if 200 <= response.status < 300
-                                 else MAX_ERROR_BYTES)
         except urllib3.exceptions.HTTPError as exc:
             reason = getattr(exc, "reason", None) or exc
             return Answer(False, None, detail=_short(reason))
+        accepted = 200 <= response.status < 300
+        bound = accepted_bound if accepted else error_bound
+        unreadable = ""
+        try:
+            # Read after decompression: urllib3 decodes a Content-Encoding within the amount
+            # asked for, so a small compressed body cannot become a large one here.
+            data = _read_bounded(response, bound)
+        except urllib3.exceptions.HTTPError as exc:  # cut off, or an encoding that is not
+            response.close()
+            data, unreadable = b"", _short(getattr(exc, "reason", None) or exc)
         content_type = response.headers.get("Content-Type", "")
-        if 200 <= response.status < 300:
-            rejected, message = 0, ""
-            if len(data) > MAX_RESPONSE_BYTES:
+        cut = len(data) > bound
+        if accepted:
+            if cut or unreadable:
                 # Accepted (the status says so: resending would duplicate), but the answer is
-                # not read: the specification's response limit. Said as the collector's warning.
-                message = TOO_LONG_TO_READ
-            elif data and "protobuf" in content_type:
+                # not read: over the limit, the specification's non-retryable error, which for
+                # an accepted request means delivered, its partial success unknown.
+                said = (too_long_to_read(bound) if cut
+                        else f"the response could not be read ({unreadable})")
+                return Answer(True, response.status, detail=said, unread=True)
+            rejected, message = 0, ""
+            if data and "protobuf" in content_type:
                 answer = self._response()
                 try:
                     answer.ParseFromString(data)
@@ -262,12 +335,22 @@ class HttpTransport:
                 except Exception:  # a success whose body we cannot read is still a success
                     pass
             return Answer(True, response.status, rejected, message)
+        # A refusal: its status decides, whatever the size of its body. A body cut at the
+        # bound is no message of the collector's: its first words are shown, a protobuf one is
+        # not parsed (no RetryInfo from it; the Retry-After header is read all the same).
         delay = retry_after(response.headers.get("Retry-After"),
                             date=response.headers.get("Date"))
-        if delay is None and "protobuf" in content_type:  # a RetryInfo in the Status body
-            delay = rpc_status(data)[1]
-        return Answer(False, response.status, detail=status_message(data or b"", content_type),
-                      retry_after=delay,
+        if unreadable:
+            detail = f"(a body that could not be read: {unreadable})"
+        elif cut:
+            said = ("" if "protobuf" in content_type
+                    else shown(data[:bound].decode("utf-8", "replace")) + " ")
+            detail = f"{said}(a body larger than {bound} bytes; the rest was not read)"
+        else:
+            if delay is None and "protobuf" in content_type:  # a RetryInfo in the Status body
+                delay = rpc_status(data)[1]
+            detail = status_message(data or b"", content_type)
+        return Answer(False, response.status, detail=detail, retry_after=delay,
                       location=" ".join(response.headers.get("Location", "").split())[:200],
                       sent_to=self._sent_to)
 
