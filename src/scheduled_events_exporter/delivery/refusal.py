@@ -25,10 +25,11 @@ differ in what happens to the *other* records. So:
   it is dead-lettered, and the records behind it flow;
 * configuration (401, 403, 404): retried, never counted against a record: it refuses every one.
 
-The bound: while the peer accepts other records, :data:`MOST_REQUESTS` requests at most carry a
-record before it is delivered or dead-lettered (each after a pause of at most the backoff cap
-or the peer's capped ``Retry-After``); while it refuses everything, nothing is dead-lettered but
-what it refuses for good.
+The bound: while the peer accepts other records, a record is delivered or dead-lettered after
+at most :data:`MOST_REQUESTS` refused requests that carry it, besides the halvings of a batch
+refused for its size (each halves the request: at most 8 from a full batch of 256), each after
+a pause of at most the backoff cap (30 s) or the peer's capped ``Retry-After`` (60 s); while the
+peer refuses everything, nothing is dead-lettered but what it refuses for good.
 
 A probe that passes is delivered before the suspect: the one case where a sink receives two
 records out of order, and, should the exporter crash before the suspect is settled, the one
@@ -48,9 +49,10 @@ from scheduled_events_exporter.delivery.outcome import FailureKind
 SUSPECT_AFTER = 3
 #: Refusals of a record alone with proof of its size before it is dead-lettered.
 PROVEN_TRIES = 2
-#: Requests that carry one record, at most, before it is delivered or dead-lettered while the
-#: peer takes other records: the refusals that make it suspect (as part of a batch, then alone),
-#: then one more after a probe passed.
+#: Refused requests that carry one record, at most, before it is delivered or dead-lettered
+#: while the peer takes other records, besides the halvings of a batch refused for its size
+#: (each halves the request): the refusals that make it suspect (as part of a batch, then
+#: alone), then one more after a probe passed; a proven size takes fewer.
 MOST_REQUESTS = SUSPECT_AFTER + 2
 
 
@@ -197,7 +199,15 @@ def _proven_alone(history: History, request: Request) -> Decision:
     # Two are remembered at most: the suspect's and its probe's (older ones are settled).
     proven = (*[(s, n) for s, n in history.proven if s != request.first][-1:],
               (request.first, times))
-    return Decision(Act.RETRY, replace(history, proven=proven), True, Why.PROVEN_SIZE)
+    history = replace(history, proven=proven)
+    if not request.probe:
+        # A refusal alone all the same: it counts towards suspicion, so a record that mixes
+        # answers is not tried longer than one that repeats itself.
+        refusals = history.refusals + 1 if history.head == request.first else 1
+        history = replace(history, head=request.first, refusals=refusals,
+                          suspect=request.first if refusals >= SUSPECT_AFTER
+                          else history.suspect)
+    return Decision(Act.RETRY, history, True, Why.PROVEN_SIZE)
 
 
 def _unexplained(history: History, request: Request) -> Decision:
