@@ -197,7 +197,14 @@ class DeliveryWorker:
                 continue
             try:
                 self._reject_unreadable(line, "the state file's outbox")
-            except OSError:  # the watch said why; the state file keeps the entry
+            except OSError as exc:
+                if self._dead_letter is None:  # no state file either: the entry is in the line
+                    log.error("sink %s: outbox entry (seq %s) not kept (%s): %s", self.name,
+                              line.seq, exc, letters.unreadable(
+                                  self.name, line.seq, line.content, line.reason
+                              ).to_json().decode().rstrip()[:65536])
+                    continue
+                # The watch said why; the state file keeps the entry until a start can.
                 log.error("sink %s: outbox entry (seq %s) not dead-lettered yet (the "
                           "dead-letter file cannot be written): the state file keeps it "
                           "until a start can", self.name, line.seq)
