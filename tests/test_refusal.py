@@ -11,7 +11,7 @@ read (both accepted)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -96,13 +96,13 @@ HISTORIES: dict[str, Case] = {
         (("alone", ALONE),)),
 }
 
-D, DA, DL, I, H, R = (Act.DELIVERED, Act.DELIVERED_AHEAD, Act.DEAD_LETTER, Act.ISOLATE,
-                      Act.HALVE, Act.RETRY)
+D, DA, DL, ISO, H, R = (Act.DELIVERED, Act.DELIVERED_AHEAD, Act.DEAD_LETTER, Act.ISOLATE,
+                        Act.HALVE, Act.RETRY)
 #: What a first request of each shape implies, per answer class.
 PLAIN = {
     ("batch", "accept"): (D, Why.ACCEPTED),
     ("batch", "config"): (R, Why.CONFIGURATION),
-    ("batch", "permanent"): (I, Why.REFUSED_FOR_GOOD),
+    ("batch", "permanent"): (ISO, Why.REFUSED_FOR_GOOD),
     ("batch", "size"): (H, Why.PROVEN_SIZE),
     ("batch", "transient"): (R, Why.UNEXPLAINED),
     ("batch", "exhausted"): (R, Why.UNEXPLAINED),
@@ -214,7 +214,7 @@ class Run:
     """A queue driven by the rule alone: the bound is a record count, halved and doubled."""
 
     waiting: list[int]
-    history: History = History()
+    history: History = field(default_factory=History)
     bound: int = 256
     largest: int = 0
     settled: list[int] | None = None

@@ -44,8 +44,10 @@ from scheduled_events_exporter.write_faults import WriteFault
 
 log = logging.getLogger(__name__)
 
-#: How often a pending redeliver request is tried again while the storage looks writable.
-REQUEST_RETRY = 30.0
+#: How soon a pending redeliver request is tried again while the storage looks writable; the
+#: wait doubles after each failure, up to :data:`REQUEST_RETRY_CAP`.
+REQUEST_RETRY = 10.0
+REQUEST_RETRY_CAP = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,17 +143,17 @@ class PendingRequest:
 
     def retry(self, seq: int, now: datetime) -> int:
         """From the poll thread, between polls: try a waiting request again when it is due
-        and every sink's storage works; returns the last number taken."""
+        (all or none, so a try on a disk still failing changes nothing); returns the last
+        number taken."""
         if not self.waiting or self._unreadable or self._monotonic() < self._next_try:
-            return seq
-        if any(w.storage_faulty() for w in self._workers.values()):
             return seq
         return self.attempt(seq, now)
 
     def _failed(self, why: str) -> None:
         now = self._monotonic()
         self.waiting = True
-        self._next_try = now + REQUEST_RETRY
+        self._next_try = now + min(REQUEST_RETRY * 2 ** self._failing.count,
+                                   REQUEST_RETRY_CAP)
         first = self._failing.hit()
         failures = self.fault.failures + 1 if self.fault else 1
         since = self.fault.since if self.fault else now

@@ -225,13 +225,18 @@ class DeliveryWorker:
         still lacks. ``OSError`` when it cannot (none of ``records`` is then in the spool)."""
         if self._spool is None:
             raise OSError("no spool: SEE_STATE_DIR is empty")
-        with self._spool_lock:
-            if self._spool_behind:
-                with self._cond:
-                    behind = [q.record for q in self._queue]
-                self._spool.append(behind)  # OSError: still behind; nothing else written
-                self._spool_behind = False
-            self._spool.append(records)
+        try:
+            with self._spool_lock:
+                if self._spool_behind:
+                    with self._cond:
+                        behind = [q.record for q in self._queue]
+                    self._spool.append(behind)  # OSError: still behind; nothing else written
+                    self._spool_behind = False
+                self._spool.append(records)
+        except OSError:
+            with self._cond:
+                self._cond.notify_all()  # an idle worker starts looking at the fault
+            raise
 
     def unappend(self, seqs: Collection[int]) -> None:
         """Take back lines :meth:`append_durably` wrote (a put-back that could not finish)."""
@@ -248,9 +253,11 @@ class DeliveryWorker:
         or delivered, or dropped and counted: the state file's outbox need not keep them."""
         with self._cond:
             given = self._seq
-        if self._spool is None or not self._spool_behind:
-            return given
-        return max(self._spool.last_seq, self._acked_wanted)
+        settled = given
+        if self._spool is not None and self._spool_behind:
+            settled = max(self._spool.last_seq, self._acked_wanted)
+        # A record refused for good whose letter is not written may be nowhere else.
+        return min([settled, *(seq - 1 for seq in self._unlettered)])
 
     def storage_faulty(self) -> bool:
         """Whether a file of this sink (spool, dead-letter file) cannot be written now."""
