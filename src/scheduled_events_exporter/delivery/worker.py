@@ -83,6 +83,8 @@ BACKOFF_CAP = 30.0
 CONFIG_ERROR_REPEAT = 300.0
 #: An idle worker whose spool or dead-letter file could not be written looks again this often.
 STORAGE_RETRY = 5.0
+#: A refused request at least this large is collected at once (see ``step``).
+GC_AFTER_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +162,23 @@ class DeliveryWorker:
         self._spool_lock = threading.Lock()
         # Highest sequence number delivered or dropped: what the ack cursor should say.
         self._acked_wanted = 0
+        self._opened = False
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
 
     def start(self) -> None:
-        """Load what the spool still holds from before a restart, then start the thread (once:
-        a second call does nothing)."""
+        """:meth:`open`, then start the thread (once: a second call does nothing)."""
         if self._thread.ident is not None:
             return
+        self.open()
+        self._thread.start()
+
+    def open(self) -> None:
+        """Load what the spool still holds from before a restart (once). Without the thread
+        (:meth:`start`), :meth:`step` delivers: a test drives the worker one attempt at a
+        time."""
+        if self._opened:
+            return
+        self._opened = True
         if self._spool is not None:
             waiting = self._spool.load(self._reject_unreadable)
             if waiting:
@@ -178,7 +190,6 @@ class DeliveryWorker:
             self._enqueue(waiting, durable=False)
             # Records up to here were delivered before the restart: never queue them again.
             self._seq = max(self._seq, self._spool.last_seq)
-        self._thread.start()
 
     def submit(self, records: Sequence[TransitionRecord]) -> None:
         """Queue records without blocking on I/O; past the bound the oldest are dropped, counted."""
@@ -443,9 +454,11 @@ class DeliveryWorker:
                 self._history, request, Answer(error.kind, self._bound.proves_size(held))))
             # A failed export leaves reference cycles (exception, traceback, frames) that
             # hold its encoded request; the cyclic GC counts objects, not bytes, so with a
-            # few huge records they would pile up for minutes. Failures are rare and slow.
+            # few huge records they would pile up for minutes. Small requests are left to the
+            # GC's own pace: a full collection costs tens of milliseconds in a large heap.
             del error
-            gc.collect()
+            if held >= GC_AFTER_BYTES:
+                gc.collect()
             return True
         self._act(batch, request, None, decide(self._history, request, Answer(None)))
         return True
