@@ -209,10 +209,7 @@ class ExporterModel(RuleBasedStateMachine):
             if rid in outbox or rid in spooled:
                 self.committed[rid] = seq
         self.maybe.clear()
-        for sink in SINKS:
-            cursor = self.cursor_on_disk(sink)
-            self.repeatable.update((sink, rid) for rid, seq in self.peers[sink].accepted
-                                   if seq > cursor)
+        self.restart_without_start()
         self.boot()
         self.check_accounted()
 
@@ -383,10 +380,17 @@ class ExporterModel(RuleBasedStateMachine):
             self.restart()
 
     def restart_without_start(self) -> None:
+        """A crash (or a stop): a record settled above its sink's cursor on disk is sent
+        again by the next start: one delivered, or one whose letter was written (if the
+        collector takes it then, its letter may still be put back later)."""
+        lettered = [(str(x["sink"]), str(x["record_id"]), int(str(x["seq"])))
+                    for x in self.letters_on_disk() if "redelivered" not in x]
         for sink in SINKS:
             cursor = self.cursor_on_disk(sink)
             self.repeatable.update((sink, rid) for rid, seq in self.peers[sink].accepted
                                    if seq > cursor)
+            self.repeatable.update((sink, rid) for s, rid, seq in lettered
+                                   if s == sink and seq > cursor)
 
     @rule()
     def crash_now(self) -> None:

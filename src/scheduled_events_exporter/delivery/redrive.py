@@ -27,7 +27,7 @@ from typing import Protocol
 
 from scheduled_events_exporter.codec import decode_record
 from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile, generations
-from scheduled_events_exporter.delivery.spool import Spool
+from scheduled_events_exporter.delivery.spool import Spool, waiting_ids
 from scheduled_events_exporter.platforms.durable import remove_durably, write_atomically
 from scheduled_events_exporter.records import TransitionRecord, rfc3339
 from scheduled_events_exporter.state import read_outbox
@@ -36,6 +36,8 @@ from scheduled_events_exporter.state import read_outbox
 SINKS = frozenset({"console", "otlp", "eventhubs"})
 #: Why a letter put back before is skipped (said as a count, not a line each).
 ALREADY = "already redelivered"
+STILL_WAITING = ("its record is still waiting in its sink's spool (a crash came between the "
+                 "letter and the acknowledgement): the next start sends it again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,7 @@ def plan(directory: Path, selection: Selection) -> Plan:
 def _scan(directory: Path, wanted: Callable[[Letter], bool]) -> Plan:
     taken: list[Taken] = []
     skipped: list[Skipped] = []
+    waiting: dict[str, set[str]] = {}
     for path in letter_files(directory):
         for number, raw in enumerate(_lines(path)):
             try:
@@ -127,6 +130,13 @@ def _scan(directory: Path, wanted: Callable[[Letter], bool]) -> Plan:
             if not wanted(letter):
                 continue
             why, record = _readable(item, letter)
+            if record is not None and letter.sink in SINKS:
+                if letter.sink not in waiting:
+                    waiting[letter.sink] = waiting_ids(directory / "spool", letter.sink)
+                if record.record_id in waiting[letter.sink]:
+                    # A crash came between its letter and its acknowledgement: the next
+                    # start sends it again anyway, and putting it back would send it twice.
+                    why, record = STILL_WAITING, None
             if record is None:
                 skipped.append(Skipped(letter, why))
             else:

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 COMPACT_BYTES = 4 * 1024 * 1024
 
-__all__ = ["COMPACT_BYTES", "Reject", "Spool", "UnreadableLine", "waiting_elsewhere"]
+__all__ = ["COMPACT_BYTES", "Reject", "Spool", "UnreadableLine", "waiting_elsewhere",
+           "waiting_ids"]
 
 #: Called with each unreadable line; raises ``OSError`` when it could not keep it (the line
 #: then stays in the log and is offered again at the next start).
@@ -291,6 +292,29 @@ def waiting_elsewhere(directory: Path, sinks: Collection[str]) -> list[tuple[str
         if path.stem not in sinks and (count := len(Spool(directory, path.stem).load())):
             found.append((path.stem, count))
     return found
+
+
+def waiting_ids(directory: Path, sink: str) -> set[str]:
+    """The record ids ``sink``'s spool holds above its ack cursor, read only (nothing is cut
+    or rewritten: ``redeliver --dry-run`` reads it too); empty when it cannot be read."""
+    try:
+        data = (directory / f"{sink}.log").read_bytes()
+        cursor = _cursor((directory / f"{sink}.ack").read_text().strip()) \
+            if (directory / f"{sink}.ack").exists() else 0
+    except (OSError, ValueError):
+        return set()
+    out = set()
+    for line in data[:data.rfind(b"\n") + 1].splitlines():
+        try:
+            item = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        seq = _seq_of(item)
+        record = item.get("record") if isinstance(item, dict) else None
+        rid = record.get("record_id") if isinstance(record, dict) else None
+        if seq is not None and seq > cursor and isinstance(rid, str):
+            out.add(rid)
+    return out
 
 
 def _cursor(text: str) -> int:
