@@ -75,6 +75,7 @@ ANSWERS = {
     "400": (FailureKind.PERMANENT, "HTTP 400"),
     "413": (FailureKind.TOO_LARGE, "HTTP 413"),
     "503": (FailureKind.TRANSIENT, "HTTP 503"),
+    "500": (FailureKind.TRANSIENT, "HTTP 500"),
     "exhausted": (FailureKind.EXHAUSTED, "gRPC RESOURCE_EXHAUSTED"),
     "401": (FailureKind.CONFIG, "HTTP 401"),
 }
@@ -105,7 +106,8 @@ class Peer:
                 sum(approximate_size(r) for r in records) > self.limit:
             answer = (FailureKind.TOO_LARGE, "HTTP 413")
         if answer is not None:
-            raise DeliveryError("refused", answer[0], answer[1])
+            raise DeliveryError("refused", answer[0], answer[1],
+                                suspicious=answer[1] in ("HTTP 500", "gRPC RESOURCE_EXHAUSTED"))
         self.accepted.extend((r.record_id, r.seq) for r in records)
 
 

@@ -30,7 +30,7 @@ from scheduled_events_exporter.delivery.refusal import (
     decide,
     next_request,
 )
-from scheduled_events_exporter.sinks.otlp_errors import answer_kind
+from scheduled_events_exporter.sinks.otlp_errors import answer_kind, beyond_the_specification
 from scheduled_events_exporter.sinks.otlp_transport import Answer as Reply
 
 #: Every answer, as the transports report it, and the class the table is written for.
@@ -52,7 +52,8 @@ ANSWERS: dict[str, tuple[Reply, str]] = {
     "HTTP 429 Retry-After": (Reply(False, 429, retry_after=8.0), "transient"),
     "HTTP 503": (Reply(False, 503), "transient"),
     "HTTP 503 Retry-After": (Reply(False, 503, retry_after=8.0), "transient"),
-    "HTTP 500": (Reply(False, 500), "transient"),
+    "HTTP 500": (Reply(False, 500), "retried anyway"),
+    "gRPC INTERNAL": (Reply(False, "INTERNAL"), "retried anyway"),
     "no answer": (Reply(False, None, detail="connection refused"), "transient"),
     "gRPC UNAVAILABLE": (Reply(False, "UNAVAILABLE"), "transient"),
     "gRPC UNAVAILABLE RetryInfo": (Reply(False, "UNAVAILABLE", retry_after=8.0), "transient"),
@@ -105,12 +106,14 @@ PLAIN = {
     ("batch", "permanent"): (ISO, Why.REFUSED_FOR_GOOD),
     ("batch", "size"): (H, Why.PROVEN_SIZE),
     ("batch", "transient"): (R, Why.UNEXPLAINED),
+    ("batch", "retried anyway"): (R, Why.UNEXPLAINED),
     ("batch", "exhausted"): (R, Why.UNEXPLAINED),
     ("alone", "accept"): (D, Why.ACCEPTED),
     ("alone", "config"): (R, Why.CONFIGURATION),
     ("alone", "permanent"): (DL, Why.REFUSED_FOR_GOOD),
     ("alone", "size"): (R, Why.PROVEN_SIZE),
     ("alone", "transient"): (R, Why.UNEXPLAINED),
+    ("alone", "retried anyway"): (R, Why.UNEXPLAINED),
     ("alone", "exhausted"): (R, Why.UNEXPLAINED),
 }
 #: Where a history changes that, and only there.
@@ -122,9 +125,11 @@ EXPECTED: dict[str, dict[tuple[str, str], tuple[Act, Why]]] = {
     "after smaller ones were accepted": {**PLAIN, ("batch", "exhausted"): (H, Why.INFERRED_SIZE)},
     "within a busy streak": PLAIN,
     "after a limit change": {**PLAIN, ("alone", "size"): (DL, Why.PROVEN_SIZE_AGAIN)},
-    "after two refusals": {**PLAIN, ("batch", "transient"): (R, Why.NARROWED),
+    # Only a refusal the protocol calls final (retried anyway) counts against the record: an
+    # answer it calls retryable is about the collector, never the record.
+    "after two refusals": {**PLAIN, ("batch", "retried anyway"): (R, Why.NARROWED),
                            ("batch", "exhausted"): (R, Why.NARROWED),
-                           ("alone", "transient"): (R, Why.SUSPECTED),
+                           ("alone", "retried anyway"): (R, Why.SUSPECTED),
                            ("alone", "exhausted"): (R, Why.SUSPECTED)},
     "isolating a refused batch": PLAIN,
     "probing behind a suspect": {
@@ -133,13 +138,15 @@ EXPECTED: dict[str, dict[tuple[str, str], tuple[Act, Why]]] = {
         ("probe", "permanent"): (DL, Why.REFUSED_FOR_GOOD),
         ("probe", "size"): (R, Why.PROVEN_SIZE),
         ("probe", "transient"): (R, Why.BUSY),
+        ("probe", "retried anyway"): (R, Why.BUSY),
         ("probe", "exhausted"): (R, Why.BUSY)},
     "confirming after the probe passed": {
         ("alone", "accept"): (D, Why.ACCEPTED),
         ("alone", "config"): (R, Why.CONFIGURATION),
         ("alone", "permanent"): (DL, Why.REFUSED_FOR_GOOD),
         ("alone", "size"): (DL, Why.PROVEN_SIZE_AGAIN),
-        ("alone", "transient"): (DL, Why.CONVICTED),
+        ("alone", "transient"): (R, Why.UNEXPLAINED),
+        ("alone", "retried anyway"): (DL, Why.CONVICTED),
         ("alone", "exhausted"): (DL, Why.CONVICTED)},
 }
 
@@ -155,7 +162,7 @@ def test_every_answer_class_has_a_row_for_every_history_and_shape() -> None:
     classes = {cls for _, cls in ANSWERS.values()}
     for history, case in HISTORIES.items():
         assert {(s, c) for s, _ in case.requests for c in classes} <= set(EXPECTED[history])
-    assert len(TABLE) == 22 * 15  # 22 answers; 9 histories, 15 request shapes among them
+    assert len(TABLE) == 23 * 15  # 23 answers; 9 histories, 15 request shapes among them
 
 
 @pytest.mark.parametrize(("answer", "history", "shape"), TABLE)
@@ -163,7 +170,8 @@ def test_decide(answer: str, history: str, shape: str) -> None:
     reply, cls = ANSWERS[answer]
     case = HISTORIES[history]
     request = dict(case.requests)[shape]
-    decision = decide(case.history, request, Answer(kind_of(reply), case.proves_size))
+    decision = decide(case.history, request, Answer(kind_of(reply), case.proves_size,
+                                                    beyond_the_specification(reply)))
     assert (decision.act, decision.why) == EXPECTED[history][(shape, cls)]
     # A pause comes before the next request after every refusal that leaves the records
     # where they were, and never after a delivery or a step that settles or narrows.
@@ -177,16 +185,16 @@ def test_a_probe_that_passes_is_settled_ahead_and_the_suspect_goes_next() -> Non
     decision = decide(history, PROBE, Answer(None))
     assert decision.history.ahead == {6} and decision.history.confirming
     assert next_request(decision.history, [5, 6, 7]) == Shape(5, alone=True)
-    settled = decide(decision.history, ALONE, Answer(FailureKind.TRANSIENT))
+    settled = decide(decision.history, ALONE, Answer(FailureKind.EXHAUSTED, suspicious=True))
     assert settled.act is Act.DEAD_LETTER
     # The head is settled; what the refusals were about goes with it, the probe stays settled.
-    assert settled.history == History(ahead=frozenset({6}))
+    assert settled.history == History(ahead=frozenset({6}), busy=True)
     assert next_request(settled.history, [6, 7]) == Shape(7, alone=False)
 
 
 def test_a_refused_probe_means_busy_and_the_count_starts_again() -> None:
     history = HISTORIES["probing behind a suspect"].history
-    decision = decide(history, PROBE, Answer(FailureKind.EXHAUSTED))
+    decision = decide(history, PROBE, Answer(FailureKind.EXHAUSTED, suspicious=True))
     assert decision.history.suspect == 0 and decision.history.refusals == 0
     assert next_request(decision.history, [5, 6]) == Shape(5, alone=False)
 
@@ -205,8 +213,13 @@ def test_the_next_request_is_shaped_by_the_history() -> None:
 
 
 # --- the promises, over any run of answers ---------------------------------------------------
-REFUSALS = [k for k in FailureKind if k is not FailureKind.CONFIG]
-UNEXPLAINED = [FailureKind.TRANSIENT, FailureKind.EXHAUSTED]
+#: (kind, retried although the protocol calls it final): every refusal but a configuration
+#: error, and, for a record the collector refuses, none the protocol calls retryable (those are
+#: about the collector: a record refused only so waits as long as they last, by design).
+REFUSALS = [(FailureKind.PERMANENT, False), (FailureKind.TOO_LARGE, False),
+            (FailureKind.EXHAUSTED, True), (FailureKind.TRANSIENT, True)]
+UNEXPLAINED = [(FailureKind.TRANSIENT, False), (FailureKind.TRANSIENT, True),
+               (FailureKind.EXHAUSTED, True)]
 
 
 @dataclass
@@ -234,7 +247,8 @@ class Run:
         chosen = chosen[:1] if shape.alone else chosen[:self.bound]
         return Request(chosen[0], chosen[-1], len(chosen), len(chosen) * 100, shape.probe)
 
-    def step(self, kind: FailureKind | None) -> None:
+    def step(self, answer: tuple[FailureKind, bool] | None) -> None:
+        kind, suspicious = answer if answer is not None else (None, False)
         request = self.request()
         assert request is not None
         seqs = [s for s in self.waiting if request.first <= s <= request.last
@@ -244,7 +258,7 @@ class Run:
         for seq in seqs:
             self.carried[seq] = self.carried.get(seq, 0) + 1
         proves = 0 < self.largest < request.size
-        decision = decide(self.history, request, Answer(kind, proves))
+        decision = decide(self.history, request, Answer(kind, proves, suspicious))
         self.history = decision.history
         if decision.act is Act.DELIVERED:
             self.largest = max(self.largest, request.size)
@@ -278,7 +292,7 @@ class Run:
 @given(culprit=st.integers(1, 40), behind=st.integers(1, 40),
        refusals=st.lists(st.sampled_from(REFUSALS), min_size=1, max_size=40))
 def test_a_record_refused_while_the_peer_takes_others_is_settled_within_the_bound(
-        culprit: int, behind: int, refusals: list[FailureKind]) -> None:
+        culprit: int, behind: int, refusals: list[tuple[FailureKind, bool]]) -> None:
     # The peer refuses every request that carries the culprit (each time with the next answer
     # of the list, the last one repeated) and takes every other.
     run = Run(list(range(culprit, culprit + behind + 1)))
@@ -307,7 +321,7 @@ def test_a_record_refused_while_the_peer_takes_others_is_settled_within_the_boun
 @given(backlog=st.integers(1, 30),
        refusals=st.lists(st.sampled_from(UNEXPLAINED), min_size=1, max_size=200))
 def test_a_peer_that_refuses_everything_without_reason_gets_nothing_dead_lettered(
-        backlog: int, refusals: list[FailureKind]) -> None:
+        backlog: int, refusals: list[tuple[FailureKind, bool]]) -> None:
     # Two minutes of refusals is about 200 requests at the shortest backoff; however long,
     # nothing is dead-lettered, and afterwards everything is delivered in order.
     run = Run(list(range(1, backlog + 1)))

@@ -34,12 +34,17 @@ class DeliveryError(Exception):
     """
 
     def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT,
-                 status: str = "", *, retry_after: float | None = None) -> None:
+                 status: str = "", *, retry_after: float | None = None,
+                 suspicious: bool | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
         #: Seconds the peer asked us to wait before trying again, if it said.
         self.retry_after = retry_after
+        #: Retried although the peer's protocol calls it final (``RESOURCE_EXHAUSTED`` without
+        #: ``RetryInfo``, a 500): a record refused this way every time may be the cause.
+        #: By default only ``EXHAUSTED`` is.
+        self.suspicious = kind is FailureKind.EXHAUSTED if suspicious is None else suspicious
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,15 @@ differ in what happens to the *other* records. So:
   batch is halved; a record refused alone with proof is tried once more after a pause, then
   dead-lettered, whatever larger request passed before (a proxy that limits the *compressed*
   body, or a limit that dropped, refuses a record smaller than what passed);
-* refused without a reason that convicts it (busy, 429 or 503 with or without ``Retry-After``,
-  ``RESOURCE_EXHAUSTED`` without ``RetryInfo``, a server error, no answer): retried after a
-  pause. When the requests led by one record were refused :data:`SUSPECT_AFTER` times in a row,
-  that record is sent alone; refused alone again, it is *suspect*, and the record behind it is
-  sent alone, ahead of it (the *probe*). If the probe is refused in the same way, the peer is
+* refused in a way the peer's protocol calls retryable (429, 502-504, ``UNAVAILABLE``, any
+  answer with ``Retry-After`` or ``RetryInfo``) or not answered at all: the peer is busy or
+  away, whatever it was sent. Retried after a pause, in order, for as long as it lasts;
+* refused in a way the protocol calls final but that we retry all the same, because busy
+  collectors answer it too (``RESOURCE_EXHAUSTED`` without ``RetryInfo``, a 500, gRPC
+  ``INTERNAL``): retried after a pause, but it may be about the record. When the requests led
+  by one record were refused so :data:`SUSPECT_AFTER` times in a row, that record is sent
+  alone; refused alone again, it is *suspect*, and the record behind it is sent alone, ahead of
+  it (the *probe*). If the probe is refused too (in any way that convicts nothing), the peer is
   busy: nothing is dead-lettered, the count starts again, however long the overload lasts. If
   the probe passes, the suspect is tried once more at once, and refused again it is the cause:
   it is dead-lettered, and the records behind it flow;
@@ -76,6 +80,10 @@ class Answer:
 
     kind: FailureKind | None
     proves_size: bool = False
+    #: A refusal the peer's protocol calls final, retried by us all the same (``EXHAUSTED``;
+    #: a 500): one that may be about the record. Any other refusal without a reason (busy,
+    #: unavailable, throttled, no answer) is about the peer, and never makes a record suspect.
+    suspicious: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +178,7 @@ def decide(history: History, request: Request, answer: Answer) -> Decision:
                             Why.PROVEN_SIZE if proven else Why.INFERRED_SIZE, proven)
         if proven:
             return _proven_alone(history, request)
-    return _unexplained(history, request)
+    return _unexplained(history, request, answer)
 
 
 def _accepted(history: History, request: Request) -> Decision:
@@ -210,12 +218,14 @@ def _proven_alone(history: History, request: Request) -> Decision:
     return Decision(Act.RETRY, history, True, Why.PROVEN_SIZE)
 
 
-def _unexplained(history: History, request: Request) -> Decision:
+def _unexplained(history: History, request: Request, answer: Answer) -> Decision:
     if request.probe:
         # The record behind the suspect is refused just the same: the peer refuses whatever
         # it gets, so the suspect is not the cause. The count starts again.
         return Decision(Act.RETRY, replace(history, head=history.suspect, refusals=0,
                                            suspect=0, confirming=False), True, Why.BUSY)
+    if not answer.suspicious:
+        return Decision(Act.RETRY, history, True, Why.UNEXPLAINED)
     if history.confirming and request.first == history.suspect:
         return _dead_letter(history, request, Why.CONVICTED)
     refusals = history.refusals + 1 if history.head == request.first else 1

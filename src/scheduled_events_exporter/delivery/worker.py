@@ -451,7 +451,8 @@ class DeliveryWorker:
                 f"{type(exc).__name__}: {exc}")
             del exc
             self._act(batch, request, error, decide(
-                self._history, request, Answer(error.kind, self._bound.proves_size(held))))
+                self._history, request, Answer(error.kind, self._bound.proves_size(held),
+                                               error.suspicious)))
             # A failed export leaves reference cycles (exception, traceback, frames) that
             # hold its encoded request; the cyclic GC counts objects, not bytes, so with a
             # few huge records they would pile up for minutes. Small requests are left to the

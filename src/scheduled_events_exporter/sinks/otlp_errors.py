@@ -94,6 +94,27 @@ def classify_grpc(name: str | None, retry_info: bool = False,
     return FailureKind.TRANSIENT
 
 
+#: gRPC statuses the OTLP specification calls retryable ("OTLP/gRPC Response": the rest are not).
+RETRYABLE_GRPC = frozenset({"CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE",
+                            "UNAVAILABLE", "DATA_LOSS"})
+
+
+def beyond_the_specification(answer: Answer) -> bool:
+    """Whether a refusal is retried although the OTLP specification says not to (a 500, gRPC
+    ``INTERNAL`` or ``UNKNOWN``, ``RESOURCE_EXHAUSTED`` without ``RetryInfo``): it says nothing
+    about the collector's state, so a record refused this way every time may be the cause
+    (delivery/refusal.py then asks the records behind it). An answer the specification calls
+    retryable (429, 502-504, ``UNAVAILABLE``, any with ``Retry-After``/``RetryInfo``) or no
+    answer at all is about the collector, never the record."""
+    status = answer.status
+    if status is None or answer.retry_after is not None:
+        return False
+    if isinstance(status, str):
+        return status not in RETRYABLE_GRPC and answer_kind(answer) in (
+            FailureKind.TRANSIENT, FailureKind.EXHAUSTED)
+    return status >= 500 and status not in TRANSIENT_HTTP
+
+
 def answer_kind(answer: Answer) -> FailureKind:
     """What a failed export's answer comes to (an HTTP status, a gRPC status, the client's own
     refusal to send, or none)."""
@@ -145,7 +166,8 @@ def export_error(answer: Answer, count: int) -> DeliveryError:
         return DeliveryError(f"OTLP collector refused a request of {count} records for its "
                              f"size with {shown}{said}", kind, shown)
     return DeliveryError(f"OTLP log export of {count} records failed ({shown}{said})", kind,
-                         shown, retry_after=answer.retry_after)
+                         shown, retry_after=answer.retry_after,
+                         suspicious=beyond_the_specification(answer))
 
 
 def describe(answer: Answer) -> str:
