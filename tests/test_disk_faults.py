@@ -13,8 +13,8 @@ collector answers 503, so the new records can be neither delivered nor spooled:
 * kill -9 right after the recovery, restart, collector back: every transition arrives exactly
   once after de-duplication by ``log.record.uid``, none missing;
 * full again with the collector up: the record is delivered from memory, a record the collector
-  refuses (400) cannot be dead-lettered and is logged whole instead; once the disk is freed
-  readiness clears by itself although nothing more needs writing.
+  refuses (400) cannot be dead-lettered and is held (``letters_waiting``) until its letter can
+  be written; once the disk is freed its letter is written and readiness clears by itself.
 """
 
 from __future__ import annotations
@@ -171,14 +171,19 @@ def test_disk_full_mid_scenario_then_recovered(sim: Simulator, tmp_path: Path) -
                        "the spool's fault in /readyz")
             proc.wait_for(lambda: "EventId D" in proc.stderr(), 20, "D rejected")
             rejected = next(x for x in proc.stderr_lines if "EventId D" in x)
-            # The dead-letter file cannot take it: the log line carries the whole entry.
-            assert "HTTP 400" in rejected and "dead-letter file unwritable" in rejected
-            assert '"event_id":"D"' in rejected and '"payload":' in rejected
+            # The dead-letter file cannot take it: D is held (the state file's outbox keeps
+            # it meanwhile, the spool being full too) until its letter can be written.
+            assert "HTTP 400" in rejected and "kept in the spool until the dead-letter" \
+                in rejected
             wait_until(lambda: "dead-letter.jsonl" in faults(), 20,
                        "the dead-letter file's fault in /readyz")
+            assert readyz()["sinks"]["otlp"]["letters_waiting"] == 1
             (state / "filler").unlink()
             wait_until(lambda: readyz()["storage"]["writable"], 30,
                        "/readyz: writable again with nothing left to write")
+            assert readyz()["sinks"]["otlp"]["letters_waiting"] == 0
+            letters = (state / "dead-letter.jsonl").read_text().splitlines()
+            assert [json.loads(x)["event_id"] for x in letters] == ["D"]
             os.kill(exporter_pid(proc.proc.pid) or 0, signal.SIGTERM)
             assert proc.proc.wait(timeout=30) == 0
     assert proc.stderr().count("exporter died: 137") == 1  # only our kill -9

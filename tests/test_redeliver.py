@@ -23,7 +23,7 @@ from scheduled_events_exporter.simulator import Simulator
 from tests.exporter_process import ExporterProcess, clean_env, wait_until
 from tests.peers.otlp_standin import OtlpHttpStandIn
 from tests.test_file_evolution import record
-from tests.test_otlp_conformance import dead_letters, event, otlp_env
+from tests.test_otlp_conformance import dead_letters, event, otlp_env, readyz
 
 NOW = datetime(2026, 11, 27, 12, tzinfo=timezone.utc)
 
@@ -121,17 +121,21 @@ def test_redeliver_refuses_bad_arguments(tmp_path: Path) -> None:
     assert off.returncode == 1 and "SEE_STATE_DIR is empty: state is off" in off.stderr
 
 
-def test_a_damaged_redeliver_request_stops_the_start_and_stays(
+def test_a_damaged_redeliver_request_never_stops_the_start_and_stays(
         sim: Simulator, tmp_path: Path) -> None:
     env = otlp_env(sim, tmp_path, "http://127.0.0.1:9", "http/protobuf")
     request = tmp_path / "state" / "redeliver-request.json"
     request.write_text("{not json")
     with ExporterProcess(env) as proc:
-        proc.wait_for(lambda: proc.proc.poll() is not None, 30, "the refusal")
-    assert proc.proc.returncode == 1
-    assert "the redeliver request could not be carried out" in proc.stderr()
+        proc.wait_for(lambda: "could not be carried out" in proc.stderr(), 30,
+                      "the request's failure")
+        sim.clear_requests()
+        assert sim.wait_for_requests(3, 10), "it polls"
+        body = readyz(env)[1]
+        assert any("redeliver request not carried out" in w and "fix or delete it" in w
+                   for w in body["warnings"]), body
+        assert proc.terminate() == 0
     assert request.read_text() == "{not json"
-
 
 
 def letter_file(state: Path) -> DeadLetterFile:
