@@ -25,7 +25,8 @@ every record refused for good is in a dead-letter file (or counted), and a recor
 twice only after a crash that found its sink's ack cursor below it, or a ``redeliver`` that a
 crash interrupted (docs/semantics.md, "Delivery").
 
-CI runs a bounded number of examples; ``SEE_STATEFUL_EXAMPLES=N`` runs more (the nightly job).
+CI runs 60 examples of up to 30 steps; ``SEE_MODEL_EXAMPLES=N`` runs more (the nightly job runs
+2000).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from scheduled_events_exporter.telemetry import Telemetry
 from scheduled_events_exporter.tracker import TrackerState
 from tests.test_durable_core_stateful import Tear
 
-EXAMPLES = int(os.environ.get("SEE_STATEFUL_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("SEE_MODEL_EXAMPLES", "60"))
 BASE = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 SINKS = ("console", "otlp")
 T0 = datetime(2026, 11, 27, tzinfo=timezone.utc)

@@ -44,8 +44,10 @@ FILE_NAME = "dead-letter.jsonl"
 #: Past this size the file becomes the newest of the older generations
 #: (``dead-letter.jsonl.1``; each older one moves up a number), so that a collector that
 #: rejects everything cannot fill the state volume.
-MAX_BYTES = 16 * 1024 * 1024
-#: Files kept, the one written to included: at most about ``GENERATIONS * MAX_BYTES`` on disk.
+MAX_BYTES = 8 * 1024 * 1024
+#: Files kept, the one written to included: at most about ``GENERATIONS * MAX_BYTES`` on disk
+#: (32 MiB: what the two files of 16 MiB before took, within the chart's 64 MiB emptyDir beside
+#: the spools).
 #: Only when every older generation is taken is the oldest removed, and never silently: its
 #: letters are counted per sink, logged at ERROR, counted in
 #: ``export.failures{signal="dead_letter_dropped"}`` and shown in ``/readyz``.
