@@ -69,8 +69,11 @@ COPY tools/trim_venv.py ./tools/
 # which also fills the label). tools/trim_venv.py then strips the shared objects,
 # removes type stubs and ships the dependencies as bytecode only (the exporter's own code keeps
 # its sources), all compiled here and checked by hash rather than mtime: the root is read-only
-# at run time. The state directory is made here, 0700 for 65532, and copied with its parent (a
-# copy does not set the mode of a directory it creates).
+# at run time. image-target names the image the virtualenv is (slim here, default once the
+# extras are added): a route whose extra is missing then names the image that has it rather
+# than pip, which no image has (src/scheduled_events_exporter/extras.py). The state directory
+# is made here, 0700 for 65532, and copied with its parent (a copy does not set the mode of a
+# directory it creates).
 RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION="$VERSION"; fi \
  && python3 -m venv /tmp/build \
  && /tmp/build/bin/python -m pip install --require-hashes --no-deps -r requirements/build.lock \
@@ -84,6 +87,7 @@ RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION=
  && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter \
  && rm -rf /opt/scheduled-events-exporter/bin/activate* /opt/scheduled-events-exporter/bin/Activate.ps1 \
         /tmp/wheel \
+ && printf 'slim\n' > /opt/scheduled-events-exporter/image-target \
  && mkdir -p /out/state/scheduled-events-exporter \
  && chmod 0700 /out/state/scheduled-events-exporter
 
@@ -93,7 +97,8 @@ RUN /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/pyt
         install --no-compile --require-hashes --no-deps \
         -r requirements/extra-grpc.lock -r requirements/extra-eventhubs.lock \
  && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python check \
- && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter
+ && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter \
+ && printf 'default\n' > /opt/scheduled-events-exporter/image-target
 
 # A shell for shell-form approval hooks: the build stage's base, user 65532 added by hand.
 FROM builder AS shell
