@@ -222,3 +222,66 @@ def test_a_path_with_a_space_stays_one_word() -> None:
                             image="")
     assert '("C:\\Program Files\\see\\python.exe" -m pip install' in \
         extras.problem(*GRPC_ARGS, install=spaced)
+
+
+# --- a route that works only because its extra's packages are installed ---------------------
+
+def warnings_of(result: subprocess.CompletedProcess[str]) -> list[str]:
+    assert result.returncode == 0, result.stderr
+    return [line.removeprefix("configuration warning: ") for line in result.stderr.splitlines()
+            if line.startswith("configuration warning: ")]
+
+
+def test_check_config_says_a_grpc_route_needs_the_extra_named_in_every_install(
+        tmp_path: Path) -> None:
+    """grpcio is installed here; whether the grpc extra was asked for is recorded nowhere (a
+    ``pip install -U .`` over a release with grpcio in the core keeps it undeclared), and a
+    fresh install without the extra refuses the route: check-config says so, and how."""
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="otlp",
+                     OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    lock = REPO / "requirements" / "extra-grpc.lock"
+    assert warnings_of(result) == [
+        "OTEL_EXPORTER_OTLP_PROTOCOL='grpc': OTLP over gRPC works here because grpcio is "
+        "installed, but it is not part of the core: the grpc extra brings it, and whether this "
+        "install asked for that extra is recorded nowhere (pip install -U over a release that "
+        "had it in the core leaves it installed without the extra); a fresh install without "
+        "the extra refuses this route: expected the extra named in every install and upgrade "
+        f"({PIP} install 'azure-scheduled-events-exporter[grpc]', or with the hashes CI tests: "
+        f"{PIP} install --require-hashes --no-deps -r {lock})"]
+
+
+def test_check_config_names_the_event_hubs_packages_the_route_uses(tmp_path: Path) -> None:
+    # With a connection string, azure-identity is not used: only azure-eventhub is named.
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="console,eventhubs",
+                     SEE_EVENTHUB_CONNECTION_STRING=CONNECTION)
+    (warning,) = warnings_of(result)
+    assert warning.startswith("SEE_SINKS='console,eventhubs': the eventhubs sink works here "
+                              "because azure-eventhub is installed, but it is not part of the "
+                              "core: the eventhubs extra brings it"), warning
+    assert "'azure-scheduled-events-exporter[eventhubs]'" in warning, warning
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="eventhubs",
+                     SEE_EVENTHUB_NAMESPACE="ns.servicebus.windows.net", SEE_EVENTHUB_NAME="hub")
+    (warning,) = warnings_of(result)
+    assert "because azure-eventhub and azure-identity are installed, but they are not" in \
+        warning, warning
+
+
+def test_the_core_routes_are_not_warned_of_extras(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="console,otlp",
+                     OTEL_METRICS_EXPORTER="otlp,prometheus",
+                     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    assert warnings_of(result) == []
+    # gRPC chosen for metrics that do not go over OTLP uses no extra (the one warning is that
+    # the otlp sink's metrics are off).
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="otlp",
+                     OTEL_METRICS_EXPORTER="prometheus", OTEL_EXPORTER_OTLP_METRICS_PROTOCOL="grpc",
+                     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    assert [w for w in warnings_of(result) if "extra" in w] == [], result.stderr
+
+
+def test_an_image_installs_its_extras_at_every_build_and_is_not_warned() -> None:
+    image = extras.Install(python="/opt/scheduled-events-exporter/bin/python", pip=False,
+                           source=None, image="default")
+    assert extras.outside_core("SEE_SINKS='eventhubs'", "the eventhubs sink", extras.EVENTHUBS,
+                               ["azure-eventhub"], install=image) == ""

@@ -145,6 +145,31 @@ def ways_to_add(extra: Extra, install: Install) -> str:
     return f"{pip} install {extra.install}, or with the hashes CI tests{hashed}"
 
 
+def outside_core(setting: str, route: str, extra: Extra, present: list[str],
+                 install: Install | None = None) -> str:
+    """The warning for a route that works here only because its extra's packages are
+    installed (``""`` in an image, whose build installs its extras every time).
+
+    Whether the extra was *asked for* is not recorded: pip writes no requested extras into an
+    installation (``importlib.metadata`` shows the distribution's ``Requires-Dist`` with their
+    ``extra ==`` markers, ``REQUESTED`` only says a distribution was named itself, and
+    ``direct_url.json`` names the source, not its extras). So a VM upgraded with ``pip install
+    -U .`` over a release that had grpcio in the core keeps grpcio undeclared, and nothing
+    tells it from an install that named the extra: the warning says what a fresh install needs,
+    for every install outside an image."""
+    install = here() if install is None else install
+    if install.image:
+        return ""
+    names = " and ".join(present)
+    verb, they, them = ("are", "they", "them") if len(present) > 1 else ("is", "it", "it")
+    return (f"{setting}: {route} works here because {names} {verb} installed, but {they} "
+            f"{verb} not part of the core: the {extra.name} extra brings {them}, and whether "
+            f"this install asked for that extra is recorded nowhere (pip install -U over a "
+            f"release that had {them} in the core leaves {them} installed without the extra); "
+            f"a fresh install without the extra refuses this route: expected the extra named "
+            f"in every install and upgrade ({ways_to_add(extra, install)})")
+
+
 def problem(setting: str, route: str, extra: Extra, absent: list[str], instead: str,
             install: Install | None = None) -> str:
     """The one configuration problem line for a route whose extra is missing: which setting
