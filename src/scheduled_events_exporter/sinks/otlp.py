@@ -224,7 +224,8 @@ class OtlpMetricExporter(MetricExporter):
         count, answer = self._refused
         if count < METRIC_STREAK:
             return ""
-        return f"the last {count} metric exports were refused ({answer})"
+        return (f"the last {count} metric exports were refused ({answer}); failing until one "
+                f"is accepted (at the next change or heartbeat)")
 
     def _send(self, request: Any, ends: float) -> Answer:
         return self._transport.send(
