@@ -207,22 +207,51 @@ def test_an_unknown_image_flavor_is_refused() -> None:
         "'shell'" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize(("args", "misfit"), [
-    (["--set", "image.flavor=slim", "-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
-     "to Event Hubs"),
-    (["--set", "image.flavor=slim", "--set", "otlp.enabled=true",
-      "--set", "otlp.protocol=grpc", "--set", "otlp.endpoint=http://collector:4317"],
-     "OTLP over gRPC"),
-    (["--set", "image.flavor=slim", "--set", "otlp.enabled=true"], None),
-    (["-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")], None),
-], ids=["slim with event hubs", "slim with grpc", "slim with otlp/http", "default with event hubs"])
-def test_notes_say_when_the_slim_image_does_not_fit(args: list[str], misfit: str | None) -> None:
-    text = notes(*args)
-    if misfit is None:
-        assert "does not fit" not in text, text
-    else:
-        assert "Image flavor: slim does not fit these values" in text, text
-        assert f"this release sends {misfit}" in text and "--set image.flavor=default" in text
+SLIM_REFUSED = ("image.flavor=slim: the slim image carries neither gRPC nor the Event Hubs SDK, "
+                "and these values send ")
+GRPC_4317 = ["--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+             "--set", "otlp.endpoint=http://collector:4317"]
+
+
+@pytest.mark.parametrize(("args", "sent", "instead"), [
+    (["-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
+     "to Event Hubs (eventhubs.enabled)", ""),
+    (GRPC_4317, "OTLP over gRPC (log records)",
+     " (or otlp.protocol=http/protobuf, the collector's port 4318)"),
+    ([*GRPC_4317, "--set", "otlp.metrics=true"], "OTLP over gRPC (log records and metrics)",
+     " (or otlp.protocol=http/protobuf, the collector's port 4318)"),
+    # gRPC chosen through extraEnv, for the metrics alone: that variable is the one to change.
+    (["--set", "otlp.enabled=true", "--set", "otlp.metrics=true",
+      "--set", "extraEnv[0].name=OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+      "--set", "extraEnv[0].value=grpc"], "OTLP over gRPC (metrics)",
+     " (or extraEnv OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=http/protobuf, the collector's port "
+     "4318)"),
+    ([*GRPC_4317, "-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
+     "OTLP over gRPC (log records) and to Event Hubs (eventhubs.enabled)", ""),
+], ids=["event hubs", "grpc", "grpc both signals", "grpc by extraEnv", "both routes"])
+def test_the_slim_image_with_a_route_it_lacks_is_refused_at_render(
+        args: list[str], sent: str, instead: str) -> None:
+    """``helm template | kubectl apply`` never shows the NOTES: the render itself refuses
+    values whose pods would stop at start, and says why."""
+    done = helm("template", "x", str(CHART), "--set", "image.flavor=slim", *args, check=False)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert (f"{SLIM_REFUSED}{sent}: every pod would stop at start with \"configuration error: "
+            f"... which is not in this image\"; expected image.flavor=default{instead}") \
+        in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--set", "image.flavor=slim", "--set", "otlp.enabled=true"],
+    # extraEnv's protocol replaces the chart's: OTLP over HTTP after all.
+    ["--set", "image.flavor=slim", *GRPC_4317,
+     "--set", "extraEnv[0].name=OTEL_EXPORTER_OTLP_PROTOCOL",
+     "--set", "extraEnv[0].value=http/protobuf"],
+    ["-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
+    [*GRPC_4317],
+], ids=["slim with otlp/http", "slim with grpc replaced by extraEnv", "default with event hubs",
+        "default with grpc"])
+def test_what_an_image_has_renders(args: list[str]) -> None:
+    assert [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
 
 
 def test_the_chart_readme_is_generated_from_the_schema() -> None:

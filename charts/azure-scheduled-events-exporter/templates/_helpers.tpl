@@ -119,6 +119,34 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* The slim image has neither gRPC nor the Event Hubs SDK: values that use either would
+     render pods that stop at start, which `helm template | kubectl apply` learns of only from
+     CrashLoopBackOff. The protocols as the exporter reads them: extraEnv's literal values
+     replace the chart's (see.env), a signal's own variable wins over the general one. */}}
+{{- if eq (default "default" .Values.image.flavor) "slim" }}
+{{- $extra := dict }}
+{{- range .Values.extraEnv }}{{ if hasKey . "value" }}{{ $_ := set $extra .name (toString .value) }}{{ end }}{{ end }}
+{{- $signals := list (list "log records" "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL" true) (list "metrics" "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" .Values.otlp.metrics) }}
+{{- $grpc := list }}
+{{- $chosenBy := list }}
+{{- range $signals }}
+{{- if and $.Values.otlp.enabled (index . 2) }}
+{{- $by := "otlp.protocol" }}
+{{- $protocol := $.Values.otlp.protocol }}
+{{- if hasKey $extra "OTEL_EXPORTER_OTLP_PROTOCOL" }}{{ $by = "extraEnv OTEL_EXPORTER_OTLP_PROTOCOL" }}{{ $protocol = get $extra "OTEL_EXPORTER_OTLP_PROTOCOL" }}{{ end }}
+{{- if hasKey $extra (index . 1) }}{{ $by = printf "extraEnv %s" (index . 1) }}{{ $protocol = get $extra (index . 1) }}{{ end }}
+{{- if eq $protocol "grpc" }}{{ $grpc = append $grpc (index . 0) }}{{ $chosenBy = append $chosenBy $by }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $routes := list }}
+{{- if $grpc }}{{ $routes = append $routes (printf "OTLP over gRPC (%s)" (join " and " $grpc)) }}{{ end }}
+{{- if .Values.eventhubs.enabled }}{{ $routes = append $routes "to Event Hubs (eventhubs.enabled)" }}{{ end }}
+{{- if $routes }}
+{{- $instead := "" }}
+{{- if and $grpc (not .Values.eventhubs.enabled) }}{{ $instead = printf " (or %s=http/protobuf, the collector's port 4318)" (join " and " (uniq $chosenBy)) }}{{ end }}
+{{- fail (printf "image.flavor=slim: the slim image carries neither gRPC nor the Event Hubs SDK, and these values send %s: every pod would stop at start with \"configuration error: ... which is not in this image\"; expected image.flavor=default%s" (join " and " $routes) $instead) }}
+{{- end }}
+{{- end }}
 {{- $eh := .Values.eventhubs }}
 {{- if $eh.enabled }}
 {{- if and $eh.existingSecret.name $eh.workloadIdentity.enabled }}
