@@ -192,8 +192,15 @@ DIGEST = "sha256:" + "ab" * 32
     (["--set", "image.flavor=slim", "--set", "image.tag=1.2.3-slim"], ":1.2.3-slim"),
     (["--set", "image.flavor=slim", "--set", f"image.digest={DIGEST}"],
      f":{RELEASE}-slim@{DIGEST}"),
+    # The README's build tags the slim image :slim and the shell image :shell: as given.
+    (["--set", "image.flavor=slim", "--set", "image.tag=slim"], ":slim"),
+    (["--set", "image.flavor=shell", "--set", "image.tag=shell"], ":shell"),
+    # Only the whole name or a -slim ending counts: another tag still gets the suffix.
+    (["--set", "image.flavor=slim", "--set", "image.tag=myslim"], ":myslim-slim"),
+    (["--set", "image.flavor=default", "--set", "image.tag=slim"], ":slim"),
 ], ids=["default", "default named", "slim", "shell", "slim of a tag", "slim tag as given",
-        "slim by digest"])
+        "slim by digest", "the README's slim tag", "the README's shell tag",
+        "a tag ending in slim", "a slim tag with the default flavor"])
 def test_the_image_flavor_picks_the_tag(args: list[str], tag: str) -> None:
     (daemonset,) = [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
     images = {c["image"] for c in containers(daemonset)}  # the init step's too

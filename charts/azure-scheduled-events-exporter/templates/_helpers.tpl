@@ -49,15 +49,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The image reference: [registry/]repository:tag[@digest]. global.imageRegistry (one mirror
      for every chart of an umbrella release) wins over image.registry; image.flavor's suffix
-     (-slim, -shell) ends the tag unless it does already; by digest when one is given. */}}
+     (-slim, -shell) ends the tag unless it does already or the tag is the flavor's name (the
+     README's own build tags the slim image :slim and the shell image :shell); by digest when
+     one is given. */}}
 {{- define "see.image" -}}
 {{- $registry := .Values.image.registry }}
 {{- with .Values.global }}{{ with .imageRegistry }}{{ $registry = . }}{{ end }}{{ end }}
 {{- $repository := .Values.image.repository }}
 {{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
-{{- $suffix := get (dict "default" "" "slim" "-slim" "shell" "-shell") (default "default" .Values.image.flavor) }}
-{{- if and $suffix (not (hasSuffix $suffix $tag)) }}{{ $tag = printf "%s%s" $tag $suffix }}{{ end }}
+{{- $flavor := default "default" .Values.image.flavor }}
+{{- $suffix := get (dict "default" "" "slim" "-slim" "shell" "-shell") $flavor }}
+{{- if and $suffix (ne $tag $flavor) (not (hasSuffix $suffix $tag)) }}{{ $tag = printf "%s%s" $tag $suffix }}{{ end }}
 {{- if .Values.image.digest }}
 {{- printf "%s:%s@%s" $repository $tag .Values.image.digest }}
 {{- else }}
