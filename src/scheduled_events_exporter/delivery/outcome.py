@@ -71,6 +71,9 @@ class SinkStatus:
     max_request_bytes: int = 0
     #: Seconds until the next request may go (the peer's requested pause, or our backoff).
     paused_for: float = 0.0
+    #: The seconds the peer asked to pause for (Retry-After, RetryInfo), while that request is
+    #: the pause in force; 0 while the pause is our backoff after failures (or none runs).
+    pause_asked: float = 0.0
 
 
 #: Counts a failure: (sink, signal, count); the ``export.failures`` metric.

@@ -303,6 +303,7 @@ class DeliveryWorker:
                 request_bytes=self._bound.current,
                 max_request_bytes=self._bound.maximum,
                 paused_for=self._pause.remaining() if self._queue else 0.0,
+                pause_asked=self._pause.asked() if self._queue else 0.0,
             )
 
     def _run(self) -> None:
@@ -397,7 +398,8 @@ class DeliveryWorker:
                 gc.collect()
                 # Full jitter keeps a fleet that lost its collector together from retrying in
                 # lockstep; a peer that said how long to wait is believed (capped by Pause).
-                self._pause.hold(max(backoff * (0.5 + random.random() / 2), requested))
+                jittered = backoff * (0.5 + random.random() / 2)
+                self._pause.hold(max(jittered, requested), asked=requested > jittered)
                 backoff = min(backoff * 2, longest_wait)
                 continue
             backoff = first_wait

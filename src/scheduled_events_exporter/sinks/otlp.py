@@ -248,7 +248,7 @@ class OtlpMetricExporter(MetricExporter):
 
     def _failed(self, answer: Answer) -> MetricExportResult:
         if answer.retry_after is not None:
-            self._pause.hold(answer.retry_after)
+            self._pause.hold(answer.retry_after, asked=True)
         if self._failing.hit():
             if self._keeps_delta:
                 again = ("the delta points are kept, up to "
