@@ -40,7 +40,11 @@ RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
 # The core's virtualenv (what the slim image ships), built once for every target.
 FROM builder AS build-core
 # A private mirror of the package index, if any: the lock's hashes still decide what installs.
-ARG PIP_INDEX_URL
+# Empty by default (an argument without a default makes podman warn at every build that it is
+# missing), and unset when empty before pip runs, so that pip sees no PIP_INDEX_URL at all
+# rather than an empty one. Declared again in the stage that adds the extras: an ARG ends with
+# its stage, and without it the extras came from the public index behind a mirror.
+ARG PIP_INDEX_URL=""
 ARG VERSION=unknown
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -74,7 +78,8 @@ COPY tools/trim_venv.py ./tools/
 # than pip, which no image has (src/scheduled_events_exporter/extras.py). The state directory
 # is made here, 0700 for 65532, and copied with its parent (a copy does not set the mode of a
 # directory it creates).
-RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION="$VERSION"; fi \
+RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi \
+ && if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION="$VERSION"; fi \
  && python3 -m venv /tmp/build \
  && /tmp/build/bin/python -m pip install --require-hashes --no-deps -r requirements/build.lock \
  && /tmp/build/bin/python -m pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
@@ -93,7 +98,9 @@ RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION=
 
 # Every route: the grpc and eventhubs extras' locked layers added to the core's virtualenv.
 FROM build-core AS build
-RUN /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
+ARG PIP_INDEX_URL=""
+RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi \
+ && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
         install --no-compile --require-hashes --no-deps \
         -r requirements/extra-grpc.lock -r requirements/extra-eventhubs.lock \
  && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python check \
