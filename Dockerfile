@@ -40,7 +40,11 @@ RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
 # The core's virtualenv (what the slim image ships), built once for every target.
 FROM builder AS build-core
 # A private mirror of the package index, if any: the lock's hashes still decide what installs.
-ARG PIP_INDEX_URL
+# Empty by default (an argument without a default makes podman warn at every build that it is
+# missing), and unset when empty before pip runs, so that pip sees no PIP_INDEX_URL at all
+# rather than an empty one. Declared again in the stage that adds the extras: an ARG ends with
+# its stage, and without it the extras came from the public index behind a mirror.
+ARG PIP_INDEX_URL=""
 ARG VERSION=unknown
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -69,9 +73,13 @@ COPY tools/trim_venv.py ./tools/
 # which also fills the label). tools/trim_venv.py then strips the shared objects,
 # removes type stubs and ships the dependencies as bytecode only (the exporter's own code keeps
 # its sources), all compiled here and checked by hash rather than mtime: the root is read-only
-# at run time. The state directory is made here, 0700 for 65532, and copied with its parent (a
-# copy does not set the mode of a directory it creates).
-RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION="$VERSION"; fi \
+# at run time. image-target names the image the virtualenv is (slim here, default once the
+# extras are added): a route whose extra is missing then names the image that has it rather
+# than pip, which no image has (src/scheduled_events_exporter/extras.py). The state directory
+# is made here, 0700 for 65532, and copied with its parent (a copy does not set the mode of a
+# directory it creates).
+RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi \
+ && if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION="$VERSION"; fi \
  && python3 -m venv /tmp/build \
  && /tmp/build/bin/python -m pip install --require-hashes --no-deps -r requirements/build.lock \
  && /tmp/build/bin/python -m pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
@@ -84,16 +92,20 @@ RUN if [ "$VERSION" != unknown ]; then export SCHEDULED_EVENTS_EXPORTER_VERSION=
  && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter \
  && rm -rf /opt/scheduled-events-exporter/bin/activate* /opt/scheduled-events-exporter/bin/Activate.ps1 \
         /tmp/wheel \
+ && printf 'slim\n' > /opt/scheduled-events-exporter/image-target \
  && mkdir -p /out/state/scheduled-events-exporter \
  && chmod 0700 /out/state/scheduled-events-exporter
 
 # Every route: the grpc and eventhubs extras' locked layers added to the core's virtualenv.
 FROM build-core AS build
-RUN /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
+ARG PIP_INDEX_URL=""
+RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi \
+ && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
         install --no-compile --require-hashes --no-deps \
         -r requirements/extra-grpc.lock -r requirements/extra-eventhubs.lock \
  && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python check \
- && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter
+ && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter \
+ && printf 'default\n' > /opt/scheduled-events-exporter/image-target
 
 # A shell for shell-form approval hooks: the build stage's base, user 65532 added by hand.
 FROM builder AS shell

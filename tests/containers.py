@@ -151,19 +151,27 @@ LABELS = {"VERSION": f"{RELEASE}+g{_REVISION[:7]}", "REVISION": _REVISION,
           "CREATED": "2026-11-26T12:00:00Z"}
 
 
-def build_image(podman: Podman, tag: str = IMAGE, target: str | None = None,
-                builder: str = BUILDER_BASE) -> float:
-    """Build the repository's Dockerfile (its default target, or ``target``) on the test bases;
-    returns the seconds it took.
+def build(podman: Podman, tag: str = IMAGE, target: str | None = None,
+          builder: str = BUILDER_BASE) -> subprocess.CompletedProcess[str]:
+    """Build the repository's Dockerfile (its default target, or ``target``) on the test bases,
+    with the build arguments the README gives and nothing else (no ``PIP_INDEX_URL``); returns
+    podman's output.
 
     ``--network=host`` and the host's CA bundle let pip inside the build reach the package
     index the way the host does; ``--format docker`` keeps the ``HEALTHCHECK``."""
-    started = time.monotonic()
     args = [f"BUILDER_IMAGE={builder}", f"RUNTIME_IMAGE={RUNTIME_BASE}",
             *(f"{k}={v}" for k, v in LABELS.items())]
-    podman("build", "--pull=never", "--network=host", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro",
-           "--format", "docker", *(a for arg in args for a in ("--build-arg", arg)),
-           *(["--target", target] if target else []), "-t", tag, str(REPO), timeout=900)
+    return podman("build", "--pull=never", "--network=host", "-v",
+                  "/etc/ssl/certs:/etc/ssl/certs:ro", "--format", "docker",
+                  *(a for arg in args for a in ("--build-arg", arg)),
+                  *(["--target", target] if target else []), "-t", tag, str(REPO), timeout=900)
+
+
+def build_image(podman: Podman, tag: str = IMAGE, target: str | None = None,
+                builder: str = BUILDER_BASE) -> float:
+    """:func:`build`; returns the seconds it took."""
+    started = time.monotonic()
+    build(podman, tag, target, builder)
     return time.monotonic() - started
 
 

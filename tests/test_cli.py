@@ -318,7 +318,11 @@ def test_a_plain_endpoint_gets_no_warning() -> None:
         done = run("check-config", env=clean_env(
             SEE_STATE_DIR="", SEE_SINKS="otlp", OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
             OTEL_EXPORTER_OTLP_ENDPOINT=endpoint))
-        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        # gRPC's own line, that the grpc extra must be named in every install, is not about
+        # the endpoint (tests/test_missing_extras.py).
+        said = [line for line in done.stderr.splitlines()
+                if "OTLP over gRPC works here because grpcio is installed" not in line]
+        assert (done.returncode, said) == (0, []), done.stderr
 
 
 def test_probe_asks_the_health_server_where_see_health_addr_puts_it(sim: Simulator) -> None:

@@ -99,7 +99,60 @@ def test_a_route_without_its_extra_is_refused_in_one_line(core: Path, tmp_path: 
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.splitlines()
     assert line.startswith("configuration error: ") and "not installed" in line, line
-    assert f"pip install 'azure-scheduled-events-exporter[{extra}]'" in line, line
+    # This virtualenv has no pip (as uv makes one, and the images'): another pip installs into
+    # it, named by its interpreter; the lock by its path in the tree it was installed from.
+    pip = f"pip --python {core / 'python'}"
+    assert f"({pip} install 'azure-scheduled-events-exporter[{extra}]', or with the hashes CI " \
+           f"tests: {pip} install --require-hashes --no-deps -r " \
+           f"{REPO / 'requirements' / f'extra-{extra}.lock'})" in line, line
+
+
+def test_inside_the_slim_image_the_line_names_the_image_to_use(core: Path,
+                                                               tmp_path: Path) -> None:
+    """The slim image is this core virtualenv with the Dockerfile's image-target file saying
+    so: no pip there, so the way out is the image that has the extra."""
+    marker = core.parent / "image-target"
+    marker.write_text("slim\n")
+    try:
+        done = _cli(core, tmp_path, "check-config", SEE_SINKS="otlp",
+                    OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                    OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    finally:
+        marker.unlink()
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert ("which is not in this image (the slim image has the core alone, and no pip to add "
+            "the grpc extra); expected the default image") in line, line
+    assert "pip install" not in line and "pip --python" not in line, line
+
+
+def test_grpcio_left_from_an_older_core_is_said_to_be_undeclared(core: Path,
+                                                                  tmp_path: Path) -> None:
+    """What ``pip install -U .`` leaves on a VM installed when grpcio was in the core: the core
+    install with grpcio beside it, the extra never asked for. The route works, and
+    check-config says a fresh install would refuse it unless the extra is named."""
+    python = str(core / "python")
+    added = subprocess.run([_uv(), "pip", "install", "-q", "--python", python, "--no-deps",
+                            "--require-hashes", "-r",
+                            str(REPO / "requirements" / "extra-grpc.lock")],
+                           capture_output=True, text=True, timeout=280, check=False)
+    assert added.returncode == 0, added.stderr[-3000:]
+    try:
+        done = _cli(core, tmp_path, "check-config", SEE_SINKS="otlp",
+                    OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                    OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    finally:  # the other tests of this module need the core alone
+        removed = subprocess.run([_uv(), "pip", "uninstall", "-q", "--python", python,
+                                  "grpcio"], capture_output=True, text=True, timeout=120,
+                                 check=False)
+        assert removed.returncode == 0, removed.stderr[-3000:]
+    assert done.returncode == 0, done.stderr
+    (warning,) = done.stderr.splitlines()
+    assert warning.startswith(
+        "configuration warning: OTEL_EXPORTER_OTLP_PROTOCOL='grpc': OTLP over gRPC works here "
+        "because grpcio is installed, but it is not part of the core"), warning
+    assert "a fresh install without the extra refuses this route" in warning, warning
+    assert f"pip --python {python} install 'azure-scheduled-events-exporter[grpc]'" in warning
 
 
 def test_otlp_over_http_delivers_a_scheduled_event_on_the_core(core: Path,

@@ -421,8 +421,12 @@ def test_sigterm_with_the_hub_unreachable_exits_in_time(
             assert proc.terminate(timeout=SHUTDOWN_TIMEOUT + 15) == 0
             took = time.monotonic() - started
     assert took < SHUTDOWN_TIMEOUT + 3, f"exit took {took:.1f} s"
-    assert ("sink eventhubs: 1 records not delivered before the shutdown timeout; they are kept "
-            "in the spool") in proc.stderr()
+    # What kept the record (a backoff past the timeout, or a send still failing at it) is
+    # said in the line (tests/test_shutdown_drain.py); here only that it is kept.
+    (line,) = [line for line in proc.stderr().splitlines()
+               if "sink eventhubs: 1 records not delivered" in line]
+    assert line.endswith("; they are kept in the spool and delivered, in order, after the "
+                         "restart"), line
 
 
 # --- units: message shrinking and the send deadline -------------------------------------------

@@ -10,6 +10,7 @@ on a real core install, without the blocker: tests/test_core_install.py.)
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,13 +39,18 @@ sys.meta_path.insert(0, _NotInstalled())
 '''
 CONNECTION = ("Endpoint=sb://127.0.0.1:5999;SharedAccessKeyName=k;SharedAccessKey=dGVzdA==;"
               "EntityPath=hub")
-IN_A_CONTAINER = "in a container, the default image rather than -slim"
+#: The pip of the interpreter that runs the exporter (the subprocess runs this one): the
+#: environment to add an extra to, whatever ``pip`` the PATH finds first.
+PIP = f"{sys.executable} -m pip"
 
 
-def hashed(extra: str) -> str:
-    """The line's second way to install an extra: its lock, with hashes."""
-    return ("or with the hashes CI tests: pip install --require-hashes --no-deps -r "
-            f"requirements/extra-{extra}.lock")
+def ways(extra: str) -> str:
+    """The line's two ways to install an extra into this environment: by name, and from its
+    lock (by its absolute path: this checkout is the source tree) with hashes."""
+    lock = REPO / "requirements" / f"extra-{extra}.lock"
+    return (f"expected it installed into this exporter's environment ({PIP} install "
+            f"'azure-scheduled-events-exporter[{extra}]', or with the hashes CI tests: {PIP} "
+            f"install --require-hashes --no-deps -r {lock})")
 
 
 def run_cli(tmp_path: Path, command: str, blocked: list[str],
@@ -75,9 +81,8 @@ def test_eventhubs_with_a_connection_string_without_azure_eventhub(tmp_path: Pat
                      SEE_EVENTHUB_CONNECTION_STRING=CONNECTION)
     assert one_line(result) == (
         "configuration error: SEE_SINKS='eventhubs': the eventhubs sink needs azure-eventhub, "
-        "which is not installed (the eventhubs extra); expected it installed (pip install "
-        f"'azure-scheduled-events-exporter[eventhubs]', {hashed('eventhubs')}; "
-        f"{IN_A_CONTAINER}) or eventhubs removed from SEE_SINKS")
+        f"which is not installed (the eventhubs extra); {ways('eventhubs')} or eventhubs "
+        "removed from SEE_SINKS")
     assert "dGVzdA==" not in result.stderr + result.stdout
 
 
@@ -89,7 +94,7 @@ def test_eventhubs_with_managed_identity_without_either_package(tmp_path: Path) 
     assert line.startswith("configuration error: SEE_SINKS='console,eventhubs': the eventhubs "
                            "sink needs azure-eventhub and azure-identity, which are not "
                            "installed"), line
-    assert "pip install 'azure-scheduled-events-exporter[eventhubs]'" in line
+    assert f"{PIP} install 'azure-scheduled-events-exporter[eventhubs]'" in line
 
 
 @pytest.mark.parametrize("command", ["run", "check-config"])
@@ -99,8 +104,7 @@ def test_otlp_over_grpc_without_grpcio(tmp_path: Path, command: str) -> None:
                      OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
     assert one_line(result) == (
         "configuration error: OTEL_EXPORTER_OTLP_PROTOCOL='grpc': OTLP over gRPC needs grpcio, "
-        "which is not installed (the grpc extra); expected it installed (pip install "
-        f"'azure-scheduled-events-exporter[grpc]', {hashed('grpc')}; {IN_A_CONTAINER}) or "
+        f"which is not installed (the grpc extra); {ways('grpc')} or "
         "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (the collector's port 4318)")
 
 
@@ -152,3 +156,132 @@ def test_the_blocker_is_the_only_difference(tmp_path: Path) -> None:
         result = run_cli(tmp_path, "check-config", [], **env)
         assert result.returncode == 0, result.stderr
         assert f"SEE_SINKS={env['SEE_SINKS']}" in result.stdout
+
+
+# --- the way out, for the install that runs -------------------------------------------------
+
+GRPC_ARGS = ("OTEL_EXPORTER_OTLP_PROTOCOL='grpc'", "OTLP over gRPC", extras.GRPC, ["grpcio"],
+             "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf")
+
+
+def test_the_lock_path_and_the_pip_are_absolute_and_exist(tmp_path: Path) -> None:
+    """What the line says to run can be run from any directory: the interpreter and the lock
+    are named by absolute paths that exist (a VM's service runs from /, the user from home)."""
+    line = one_line(run_cli(tmp_path, "check-config", ["grpc"], SEE_SINKS="otlp",
+                            OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                            OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999"))
+    commands = re.findall(r"(\S+) -m pip install --require-hashes --no-deps -r (\S+?)\)", line)
+    assert len(commands) == 1, line
+    ((python, lock),) = commands
+    assert Path(python).is_absolute() and Path(python).samefile(sys.executable), line
+    assert Path(lock).is_absolute() and Path(lock).is_file(), line
+    assert "requirements/" not in line.replace(str(REPO / "requirements"), ""), \
+        f"a relative lock path in: {line}"
+
+
+def test_the_slim_image_is_told_to_use_the_default_image_not_pip() -> None:
+    slim = extras.Install(python="/opt/scheduled-events-exporter/bin/python", pip=False,
+                          source=None, image="slim")
+    line = extras.problem(*GRPC_ARGS, install=slim)
+    assert line == (
+        "OTEL_EXPORTER_OTLP_PROTOCOL='grpc': OTLP over gRPC needs grpcio, which is not in this "
+        "image (the slim image has the core alone, and no pip to add the grpc extra); expected "
+        "the default image, which has every extra (the same tag without -slim; the chart's "
+        "image.flavor=default), or an image built with it (the Dockerfile's default target, "
+        "docs/container.md), or OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf")
+    assert "pip" not in line.replace("no pip", ""), line
+
+
+def test_without_pip_in_the_environment_another_pip_installs_into_it() -> None:
+    bare = extras.Install(python="/opt/see/bin/python", pip=False, source=REPO, image="")
+    line = extras.problem(*GRPC_ARGS, install=bare)
+    assert ("(pip --python /opt/see/bin/python install 'azure-scheduled-events-exporter[grpc]', "
+            "or with the hashes CI tests: pip --python /opt/see/bin/python install "
+            f"--require-hashes --no-deps -r {REPO / 'requirements' / 'extra-grpc.lock'})") \
+        in line, line
+
+
+def test_a_wheel_built_elsewhere_names_the_lock_in_the_source_tree(tmp_path: Path) -> None:
+    # docs/vm.md installs a wheel built in a temporary clone: no source tree is recorded.
+    vm = extras.Install(python="/opt/scheduled-events-exporter/bin/python", pip=True,
+                        source=None, image="")
+    line = extras.problem(*GRPC_ARGS, install=vm)
+    assert ("expected it installed into this exporter's environment "
+            "(/opt/scheduled-events-exporter/bin/python -m pip install "
+            "'azure-scheduled-events-exporter[grpc]', or with the hashes CI tests, run in the "
+            "exporter's source tree: /opt/scheduled-events-exporter/bin/python -m pip install "
+            "--require-hashes --no-deps -r requirements/extra-grpc.lock)") in line, line
+    # A source tree that lost its lock is as good as none.
+    gone = extras.problem(*GRPC_ARGS, install=extras.Install(
+        python="/opt/see/bin/python", pip=True, source=tmp_path, image=""))
+    assert "run in the exporter's source tree" in gone and str(tmp_path) not in gone, gone
+
+
+def test_a_path_with_a_space_stays_one_word() -> None:
+    spaced = extras.Install(python="C:\\Program Files\\see\\python.exe", pip=True, source=None,
+                            image="")
+    assert '("C:\\Program Files\\see\\python.exe" -m pip install' in \
+        extras.problem(*GRPC_ARGS, install=spaced)
+
+
+# --- a route that works only because its extra's packages are installed ---------------------
+
+def warnings_of(result: subprocess.CompletedProcess[str]) -> list[str]:
+    assert result.returncode == 0, result.stderr
+    return [line.removeprefix("configuration warning: ") for line in result.stderr.splitlines()
+            if line.startswith("configuration warning: ")]
+
+
+def test_check_config_says_a_grpc_route_needs_the_extra_named_in_every_install(
+        tmp_path: Path) -> None:
+    """grpcio is installed here; whether the grpc extra was asked for is recorded nowhere (a
+    ``pip install -U .`` over a release with grpcio in the core keeps it undeclared), and a
+    fresh install without the extra refuses the route: check-config says so, and how."""
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="otlp",
+                     OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    lock = REPO / "requirements" / "extra-grpc.lock"
+    assert warnings_of(result) == [
+        "OTEL_EXPORTER_OTLP_PROTOCOL='grpc': OTLP over gRPC works here because grpcio is "
+        "installed, but it is not part of the core: the grpc extra brings it, and whether this "
+        "install asked for that extra is recorded nowhere (pip install -U over a release that "
+        "had it in the core leaves it installed without the extra); a fresh install without "
+        "the extra refuses this route: expected the extra named in every install and upgrade "
+        f"({PIP} install 'azure-scheduled-events-exporter[grpc]', or with the hashes CI tests: "
+        f"{PIP} install --require-hashes --no-deps -r {lock})"]
+
+
+def test_check_config_names_the_event_hubs_packages_the_route_uses(tmp_path: Path) -> None:
+    # With a connection string, azure-identity is not used: only azure-eventhub is named.
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="console,eventhubs",
+                     SEE_EVENTHUB_CONNECTION_STRING=CONNECTION)
+    (warning,) = warnings_of(result)
+    assert warning.startswith("SEE_SINKS='console,eventhubs': the eventhubs sink works here "
+                              "because azure-eventhub is installed, but it is not part of the "
+                              "core: the eventhubs extra brings it"), warning
+    assert "'azure-scheduled-events-exporter[eventhubs]'" in warning, warning
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="eventhubs",
+                     SEE_EVENTHUB_NAMESPACE="ns.servicebus.windows.net", SEE_EVENTHUB_NAME="hub")
+    (warning,) = warnings_of(result)
+    assert "because azure-eventhub and azure-identity are installed, but they are not" in \
+        warning, warning
+
+
+def test_the_core_routes_are_not_warned_of_extras(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="console,otlp",
+                     OTEL_METRICS_EXPORTER="otlp,prometheus",
+                     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    assert warnings_of(result) == []
+    # gRPC chosen for metrics that do not go over OTLP uses no extra (the one warning is that
+    # the otlp sink's metrics are off).
+    result = run_cli(tmp_path, "check-config", [], SEE_SINKS="otlp",
+                     OTEL_METRICS_EXPORTER="prometheus", OTEL_EXPORTER_OTLP_METRICS_PROTOCOL="grpc",
+                     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:5999")
+    assert [w for w in warnings_of(result) if "extra" in w] == [], result.stderr
+
+
+def test_an_image_installs_its_extras_at_every_build_and_is_not_warned() -> None:
+    image = extras.Install(python="/opt/scheduled-events-exporter/bin/python", pip=False,
+                           source=None, image="default")
+    assert extras.outside_core("SEE_SINKS='eventhubs'", "the eventhubs sink", extras.EVENTHUBS,
+                               ["azure-eventhub"], install=image) == ""

@@ -206,6 +206,31 @@ def test_a_collector_that_refuses_everything_makes_the_sink_failing(
 
 
 @pytest.mark.timeout(90)
+def test_a_fixed_collector_ends_the_failing_at_the_next_record_delivered_as_it_says(
+        sim: Simulator, tmp_path: Path) -> None:
+    """The streak ends on evidence only: after the collector's fix, /readyz still says the sink
+    is failing, and what ends it; the next record delivered does (docs/semantics.md)."""
+    refusing = [True]
+    with OtlpHttpStandIn(lambda ids: 400 if refusing[0] else None) as collector:
+        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
+        with ExporterProcess(env) as proc:
+            events = [event(f"F-{i}") for i in range(3)]
+            sim.set_events(events)
+            wait_until(lambda: len(dead_letters(tmp_path)) >= 3, 40, "three dead letters")
+            wait_until(lambda: failing_lines(readyz(env)[1]), 30, "/readyz saying failing")
+            refusing[0] = False  # the collector is fixed; nothing new has been sent yet
+            said = failing_lines(readyz(env)[1])
+            sim.set_events([*events, event("F-3")])  # a new transition, a new record
+            wait_until(lambda: collector.accepted, 30, "the new record accepted")
+            wait_until(lambda: not failing_lines(readyz(env)[1]), 10,
+                       "/readyz no longer saying failing after a delivery")
+            assert proc.terminate() == 0
+    assert said == ["sink otlp failing: the last 3 records were dead-lettered (HTTP 400); "
+                    "failing until the sink delivers a record (a new one, or a dead letter once "
+                    "redelivered) or the exporter restarts"], said
+
+
+@pytest.mark.timeout(90)
 def test_refused_metric_exports_make_the_sink_failing_before_records_add_up(
         sim: Simulator, tmp_path: Path) -> None:
     # A VM sees a few records a day: one event, one record refused. The metric exports, every
@@ -225,4 +250,6 @@ def test_refused_metric_exports_make_the_sink_failing_before_records_add_up(
             wait_until(warned, 30, "the warning")
             assert proc.terminate() == 0
     assert "metric exports were refused (HTTP 400" in found[0], found
+    assert found[0].endswith("; failing until one is accepted (at the next change or "
+                             "heartbeat)"), found
     assert len(collector.metrics) >= 3

@@ -63,7 +63,10 @@ def test_a_streak_of_dead_letters_makes_a_sink_refusing_until_a_delivery() -> No
         watch.dead_lettered("HTTP 400")
         assert watch.verdict() == ""
     watch.dead_lettered("HTTP 400")
-    assert watch.verdict() == f"the last {STREAK} records were dead-lettered (HTTP 400)"
+    assert watch.verdict() == (
+        f"the last {STREAK} records were dead-lettered (HTTP 400); failing until the sink "
+        "delivers a record (a new one, or a dead letter once redelivered) or the exporter "
+        "restarts")
     watch.delivered(0)
     assert watch.verdict(), "nothing delivered: still refusing"
     watch.delivered(3)
@@ -132,7 +135,8 @@ def test_a_streak_without_a_status_says_refused() -> None:
     watch = Rejections()
     for _ in range(STREAK):
         watch.dead_lettered("")
-    assert watch.verdict() == f"the last {STREAK} records were dead-lettered (refused)"
+    assert watch.verdict().startswith(
+        f"the last {STREAK} records were dead-lettered (refused); failing until")
 
 
 def test_a_delivery_ends_the_streak() -> None:

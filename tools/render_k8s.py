@@ -1,8 +1,8 @@
 """Render the Kubernetes manifests under config/k8s/ from the Helm chart, the one source.
 
 Run from anywhere: ``python tools/render_k8s.py`` (``--check`` only compares and fails on drift;
-tests/test_chart.py runs it). Helm comes from ``.ci/k8s/helm`` (``bash .ci/install-k8s-tools.sh``),
-``$HELM`` or ``PATH``.
+tests/test_chart.py runs it). Helm comes from ``.ci/k8s/helm`` (``bash
+.ci/install-k8s-tools.sh --helm-only``), ``$HELM`` or ``PATH``.
 
 What it writes:
 
@@ -201,8 +201,8 @@ def helm() -> str:
                       shutil.which("helm")):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
-    raise SystemExit("helm not found: run `bash .ci/install-k8s-tools.sh` (Helm 4 into "
-                     ".ci/k8s/) or set HELM")
+    raise SystemExit("helm not found: run `bash .ci/install-k8s-tools.sh --helm-only` (Helm 4 "
+                     "into .ci/k8s/) or set HELM")
 
 
 def template(*args: str) -> str:

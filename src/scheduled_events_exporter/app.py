@@ -24,6 +24,7 @@ from scheduled_events_exporter.approval_worker import Approver
 from scheduled_events_exporter.boot import continuing, host_boot_id
 from scheduled_events_exporter.config import Config
 from scheduled_events_exporter.delivery import start
+from scheduled_events_exporter.delivery.outcome import SinkStatus
 from scheduled_events_exporter.delivery.spool import waiting_elsewhere
 from scheduled_events_exporter.health import HealthInputs, HealthServer
 from scheduled_events_exporter.imds import ImdsClient
@@ -299,11 +300,8 @@ class Exporter:
             if not sink.shutdown(remaining):
                 status = sink.status()
                 kept = self.config.state_dir is not None
-                (log.warning if kept else log.error)(
-                    "sink %s: %d records not delivered before the shutdown timeout; %s",
-                    sink.name, status.pending,
-                    "they are kept in the spool and delivered, in order, after the restart"
-                    if kept else "they are lost (SEE_STATE_DIR is empty: no spool)")
+                (log.warning if kept else log.error)("%s", not_drained(
+                    status, max(0.0, drain_deadline - time.monotonic()), kept=kept))
                 drained = False
         if self.scrape is not None:
             self.scrape.stop()
@@ -449,3 +447,37 @@ def lock_state_dir(config: Config, stop: threading.Event) -> dir_lock.DirectoryL
                     "directory\")", config.state_dir, remote, wait)
     return dir_lock.acquire(config.state_dir, wait=wait, waiting=waiting, sleep=stop.wait,
                             cancelled=stop.is_set)
+
+
+#: Who answers each sink, in what a stop says of it.
+_PEER = {"otlp": "the collector", "eventhubs": "the hub"}
+
+
+def not_drained(status: SinkStatus, left: float, *, kept: bool) -> str:
+    """What ``Exporter.stop`` says of a sink that still held records when its drain ended,
+    ``left`` seconds before the drain's deadline: what kept them, as it was.
+
+    A worker sends nothing before a pause ends (the peer's requested one, or our backoff after
+    failures), so a pause that outlasts the time left ends the drain at once (within
+    milliseconds of "draining sinks"): that is said with the pause, not as a timeout that was
+    never waited for (``DeliveryWorker.flush``)."""
+    where = ("they are kept in the spool and delivered, in order, after the restart" if kept
+             else "they are lost (SEE_STATE_DIR is empty: no spool)")
+    what = f"sink {status.name}: {status.pending} records not delivered"
+    if status.paused_for > 0 and status.paused_for >= left:
+        peer = _PEER.get(status.name, "the sink")
+        if status.pause_asked:
+            why = (f"{peer} asked for a pause of {status.pause_asked:g} s "
+                   f"({status.paused_for:.1f} s of it still to run), longer than the "
+                   f"shutdown timeout left")
+        else:
+            failed = status.consecutive_failures
+            why = (f"the next attempt was not due before the shutdown timeout (in "
+                   f"{status.paused_for:.1f} s, the backoff after {failed} failed "
+                   f"attempt{'s' if failed != 1 else ''}"
+                   f"{f'; last: {status.last_error}' if status.last_error else ''})")
+        return f"{what}: {why}, so the drain did not wait for it; {where}"
+    if status.last_error:
+        return (f"{what} before the shutdown timeout, still failing (last: "
+                f"{status.last_error}); {where}")
+    return f"{what} before the shutdown timeout (still being sent); {where}"

@@ -177,6 +177,10 @@ def _check_config(args: list[str]) -> int:
     config = _load(env, create=False)
     if config is None:
         return EXIT_CONFIG
+    from scheduled_events_exporter.config import extras_outside_core
+
+    for warning in extras_outside_core(config, env):
+        print(f"configuration warning: {warning}", file=sys.stderr)
     for line in config.describe(env):
         print(line)
     return 0

@@ -798,6 +798,32 @@ def _check_grpc_library(env: Mapping[str, str], targets: list[OtlpTarget]) -> li
                            f"{' and '.join(chosen)}=http/protobuf (the collector's port 4318)")]
 
 
+def extras_outside_core(config: Config, env: Mapping[str, str]) -> list[str]:
+    """check-config's warnings for the routes of ``config`` that need an extra whose packages
+    are installed (:func:`extras.outside_core`): they work here, and a fresh install that does
+    not name the extra refuses them. Not said at every start of ``run``: nothing can tell an
+    install that named the extra from one that did not, so the service's log would repeat it
+    for every correct install too."""
+    warnings = []
+    if "eventhubs" in config.sinks:
+        modules = (("azure.eventhub",) if config.eventhub_connection_string
+                   else ("azure.eventhub", "azure.identity"))
+        present = [d for m, d in extras.EVENTHUBS.modules
+                   if m in modules and not extras.missing(extras.EVENTHUBS, (m,))]
+        if present:
+            warnings.append(extras.outside_core(f"SEE_SINKS={','.join(config.sinks)!r}",
+                                                "the eventhubs sink", extras.EVENTHUBS,
+                                                present))
+    targets = [config.otlp_logs,
+               *([config.otlp_metrics] if "otlp" in config.metrics_exporters else [])]
+    chosen = list(dict.fromkeys(otlp_settings.protocol_variable(env, t.signal)
+                                for t in targets if t.protocol == "grpc"))
+    if "otlp" in config.sinks and chosen and not extras.missing(extras.GRPC):
+        warnings.append(extras.outside_core(", ".join(f"{name}='grpc'" for name in chosen),
+                                            "OTLP over gRPC", extras.GRPC, ["grpcio"]))
+    return [w for w in warnings if w]
+
+
 def _could_write(path: Path) -> str:
     """Whether ``path`` is (or could be created as) a writable directory, leaving nothing behind.
 

@@ -49,15 +49,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The image reference: [registry/]repository:tag[@digest]. global.imageRegistry (one mirror
      for every chart of an umbrella release) wins over image.registry; image.flavor's suffix
-     (-slim, -shell) ends the tag unless it does already; by digest when one is given. */}}
+     (-slim, -shell) ends the tag unless it does already or the tag is the flavor's name (the
+     README's own build tags the slim image :slim and the shell image :shell); by digest when
+     one is given. */}}
 {{- define "see.image" -}}
 {{- $registry := .Values.image.registry }}
 {{- with .Values.global }}{{ with .imageRegistry }}{{ $registry = . }}{{ end }}{{ end }}
 {{- $repository := .Values.image.repository }}
 {{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
-{{- $suffix := get (dict "default" "" "slim" "-slim" "shell" "-shell") (default "default" .Values.image.flavor) }}
-{{- if and $suffix (not (hasSuffix $suffix $tag)) }}{{ $tag = printf "%s%s" $tag $suffix }}{{ end }}
+{{- $flavor := default "default" .Values.image.flavor }}
+{{- $suffix := get (dict "default" "" "slim" "-slim" "shell" "-shell") $flavor }}
+{{- if and $suffix (ne $tag $flavor) (not (hasSuffix $suffix $tag)) }}{{ $tag = printf "%s%s" $tag $suffix }}{{ end }}
 {{- if .Values.image.digest }}
 {{- printf "%s:%s@%s" $repository $tag .Values.image.digest }}
 {{- else }}
@@ -117,6 +120,34 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if $.Values.prometheus.enabled }}{{ $held = printf "%s, metrics %v" $held $.Values.ports.metrics }}{{ end }}
 {{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%v: expected 0 with hostNetwork=true. A surged pod needs the node ports its predecessor holds (%s): it cannot be scheduled beside it, and the rollout stops (docs/kubernetes.md, \"Upgrades and rollbacks\")" .maxSurge $held) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- /* The slim image has neither gRPC nor the Event Hubs SDK: values that use either would
+     render pods that stop at start, which `helm template | kubectl apply` learns of only from
+     CrashLoopBackOff. The protocols as the exporter reads them: extraEnv's literal values
+     replace the chart's (see.env), a signal's own variable wins over the general one. */}}
+{{- if eq (default "default" .Values.image.flavor) "slim" }}
+{{- $extra := dict }}
+{{- range .Values.extraEnv }}{{ if hasKey . "value" }}{{ $_ := set $extra .name (toString .value) }}{{ end }}{{ end }}
+{{- $signals := list (list "log records" "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL" true) (list "metrics" "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" .Values.otlp.metrics) }}
+{{- $grpc := list }}
+{{- $chosenBy := list }}
+{{- range $signals }}
+{{- if and $.Values.otlp.enabled (index . 2) }}
+{{- $by := "otlp.protocol" }}
+{{- $protocol := $.Values.otlp.protocol }}
+{{- if hasKey $extra "OTEL_EXPORTER_OTLP_PROTOCOL" }}{{ $by = "extraEnv OTEL_EXPORTER_OTLP_PROTOCOL" }}{{ $protocol = get $extra "OTEL_EXPORTER_OTLP_PROTOCOL" }}{{ end }}
+{{- if hasKey $extra (index . 1) }}{{ $by = printf "extraEnv %s" (index . 1) }}{{ $protocol = get $extra (index . 1) }}{{ end }}
+{{- if eq $protocol "grpc" }}{{ $grpc = append $grpc (index . 0) }}{{ $chosenBy = append $chosenBy $by }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $routes := list }}
+{{- if $grpc }}{{ $routes = append $routes (printf "OTLP over gRPC (%s)" (join " and " $grpc)) }}{{ end }}
+{{- if .Values.eventhubs.enabled }}{{ $routes = append $routes "to Event Hubs (eventhubs.enabled)" }}{{ end }}
+{{- if $routes }}
+{{- $instead := "" }}
+{{- if and $grpc (not .Values.eventhubs.enabled) }}{{ $instead = printf " (or %s=http/protobuf, the collector's port 4318)" (join " and " (uniq $chosenBy)) }}{{ end }}
+{{- fail (printf "image.flavor=slim: the slim image carries neither gRPC nor the Event Hubs SDK, and these values send %s: every pod would stop at start with \"configuration error: ... which is not in this image\"; expected image.flavor=default%s" (join " and " $routes) $instead) }}
 {{- end }}
 {{- end }}
 {{- $eh := .Values.eventhubs }}

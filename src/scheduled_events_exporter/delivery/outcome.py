@@ -81,6 +81,9 @@ class SinkStatus:
     letters_waiting: int = 0
     #: This sink's letters the dead-letter file's bound removed since start (gone for good).
     letters_removed: int = 0
+    #: The seconds the peer asked to pause for (Retry-After, RetryInfo), while that request is
+    #: the pause in force; 0 while the pause is our backoff after failures (or none runs).
+    pause_asked: float = 0.0
 
 
 #: Counts a failure: (sink, signal, count); the ``export.failures`` metric.

@@ -29,14 +29,27 @@ class Pause:
         self._clock = clock
         self._lock = threading.Lock()
         self._until = -float("inf")
+        # The seconds the peer asked for, when the deadline in force is that request (0 when
+        # it is our own backoff): what a stop that could not wait for it says.
+        self._asked = 0.0
 
-    def hold(self, seconds: float) -> float:
+    def hold(self, seconds: float, *, asked: bool = False) -> float:
         """Send nothing for ``seconds`` from now (at most :data:`RETRY_AFTER_CAP`); a longer
-        pause already running is kept. Returns the deadline."""
+        pause already running is kept. ``asked``: the peer asked for this pause (Retry-After,
+        RetryInfo), rather than our backoff chose it. Returns the deadline."""
         with self._lock:
-            until = self._clock() + min(max(0.0, seconds), RETRY_AFTER_CAP)
-            self._until = max(self._until, until)
+            held = min(max(0.0, seconds), RETRY_AFTER_CAP)
+            until = self._clock() + held
+            if until > self._until:
+                self._until = until
+                self._asked = held if asked else 0.0
             return self._until
+
+    def asked(self) -> float:
+        """The seconds the peer asked for, while the pause in force is that request; 0 when it
+        is our backoff, or no pause runs."""
+        with self._lock:
+            return self._asked if self._until > self._clock() else 0.0
 
     def remaining(self) -> float:
         """Seconds until requests may go again (0 when they may now)."""

@@ -8,6 +8,13 @@ notes every record's fate here, and ``/readyz`` calls the sink failing while its
 :data:`STREAK` records were all dead-lettered, until one is delivered. A VM sees a few records
 a day (one event makes two or three), so the streak is short; the OTLP sink's metric exports,
 refused for good :data:`METRIC_STREAK` times in a row, say the same within minutes.
+
+Only a delivered record ends the streak (or a restart: it is kept in memory). A collector fixed
+meanwhile is not evidence: an accepted metric export, or an empty request, says nothing of the
+records a collector may refuse for their content (a log pipeline's schema, an attribute
+limit), so the sink stays failing after the fix until the next record, or a dead letter
+redelivered (``redeliver``, whose procedure restarts the exporter), gets through. The verdict
+says so, since it can outlast the cause by hours (docs/semantics.md, "Reliability").
 """
 
 from __future__ import annotations
@@ -42,4 +49,5 @@ class Rejections:
         if self.streak < STREAK:
             return ""
         return (f"the last {self.streak} records were dead-lettered "
-                f"({self.last_status or 'refused'})")
+                f"({self.last_status or 'refused'}); failing until the sink delivers a record "
+                f"(a new one, or a dead letter once redelivered) or the exporter restarts")

@@ -398,6 +398,7 @@ class DeliveryWorker:
                 letters_waiting=len(self._unlettered),
                 letters_removed=(self._dead_letter.removed_of(self.name)
                                  if self._dead_letter is not None else 0),
+                pause_asked=self._pause.asked() if self._queue else 0.0,
             )
 
     def _run(self) -> None:
@@ -530,8 +531,9 @@ class DeliveryWorker:
             # Full jitter keeps a fleet that lost its collector together from retrying in
             # lockstep; a peer that said how long to wait is believed (capped by Pause).
             backoff = self._backoff_now
-            self._pause.hold(max(backoff * (0.5 + random.random() / 2),
-                                 error.retry_after or 0.0))
+            jittered = backoff * (0.5 + random.random() / 2)
+            requested = error.retry_after or 0.0
+            self._pause.hold(max(jittered, requested), asked=requested > jittered)
             self._backoff_now = min(backoff * 2, self._backoff[1])
 
     def _storage_faulty(self) -> bool:

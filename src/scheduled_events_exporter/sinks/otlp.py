@@ -246,7 +246,8 @@ class OtlpMetricExporter(MetricExporter):
         count, answer = self._refused
         if count < METRIC_STREAK:
             return ""
-        return f"the last {count} metric exports were refused ({answer})"
+        return (f"the last {count} metric exports were refused ({answer}); failing until one "
+                f"is accepted (at the next change or heartbeat)")
 
     def _send(self, request: Any, ends: float) -> Answer:
         return self._transport.send(
@@ -279,7 +280,7 @@ class OtlpMetricExporter(MetricExporter):
 
     def _failed(self, answer: Answer) -> MetricExportResult:
         if answer.retry_after is not None:
-            self._pause.hold(answer.retry_after)
+            self._pause.hold(answer.retry_after, asked=True)
         if self._failing.hit():
             if self._keeps_delta:
                 again = ("the delta points are kept, up to "
