@@ -23,8 +23,10 @@ from pathlib import Path
 
 from scheduled_events_exporter.codec import (
     UnreadableLine,
+    decode_platform,
     decode_record,
     decode_state,
+    encode_platform,
     encode_record,
     encode_state,
 )
@@ -32,7 +34,7 @@ from scheduled_events_exporter.model import UnknownFields
 from scheduled_events_exporter.platforms.durable import replace_durably, write_atomically
 from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.tracker import TrackerState
+from scheduled_events_exporter.tracker import PlatformState, TrackerState
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,8 @@ MIGRATIONS: dict[int, Callable[[dict[str, object]], dict[str, object]]] = {}
 FIRST_RELEASED_SCHEMA = 2
 STATE_FILE = "state.json"
 #: The state file's top-level keys this release writes.
-KNOWN_KEYS = frozenset({"schema", "saved_at", "seq", "tracker", "outbox", "approvals"})
+KNOWN_KEYS = frozenset({"schema", "saved_at", "seq", "tracker", "outbox", "approvals",
+                        "platform"})
 #: A state file is a few KB; one far larger is not ours (or is damaged).
 MAX_STATE_BYTES = 64 * 1024 * 1024
 
@@ -72,6 +75,10 @@ class PersistedState:
     #: Outbox records this release cannot read (read only; never written back: they go to
     #: the dead-letter file at start, for each sink whose spool does not have them yet).
     unreadable: tuple[UnreadableLine, ...] = ()
+    #: The platform command's memory (pending and ended events, delivery ids), under the
+    #: top-level key ``platform``; ``None`` in the sidecar's file (an additive key: a release
+    #: without it keeps it as a field it does not know).
+    platform: PlatformState | None = None
     #: Top-level fields a newer release wrote, written back as they were.
     unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
@@ -142,12 +149,14 @@ class StateStore:
             records, unreadable = _read_outbox(outbox, ignored)
             unknown = tuple((key, value) for key, value in data.items()
                             if key not in KNOWN_KEYS)
+            platform = data.get("platform")
             loaded = PersistedState(
                 tracker=decode_state(data["tracker"], ignored),
                 seq=seq,
                 outbox=records,
                 approvals=tuple(approvals),
                 unreadable=unreadable,
+                platform=None if platform is None else decode_platform(platform, ignored),
                 unknown_fields=unknown,
             )
             ignored.update(f"state.{key}" for key, _ in unknown)
@@ -186,6 +195,8 @@ class StateStore:
             "outbox": [encode_record(r) for r in state.outbox],
             "approvals": list(state.approvals),
         }
+        if state.platform is not None:
+            data["platform"] = encode_platform(state.platform)
         for key, value in state.unknown_fields:
             data.setdefault(key, value)  # a newer release's, as it wrote it
         with self.watch.guard():
