@@ -19,7 +19,6 @@ from typing import TypeVar
 
 from scheduled_events_exporter.model import (
     STATUS_CANCELED,
-    STATUS_COMPLETED,
     STATUS_STARTED,
     Basis,
     Document,
@@ -42,7 +41,8 @@ UPDATE_FIELDS: tuple[str, ...] = (
 
 FieldValue = str | int | list[str] | None
 
-#: Status reported after a removal (not an IMDS value: IMDS just drops the event).
+#: Status reported after a removal (not an IMDS value: IMDS just drops the event; "Completed"
+#: is also the platform's word).
 STATUS_COMPLETED = "Completed"
 STATUS_CANCELLED = "Cancelled"
 STATUS_UNKNOWN = "Unknown"
