@@ -136,12 +136,12 @@ def test_each_extra_installs_what_its_line_names() -> None:
     none of them is in the core."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     optional = project["optional-dependencies"]
-    for extra in (extras.GRPC, extras.EVENTHUBS):
+    for extra in (extras.GRPC, extras.EVENTHUBS, extras.PLATFORM):
         declared = {Requirement(r).name for r in optional[extra.name]}
         assert declared == {distribution for _, distribution in extra.modules}, extra
     core = {Requirement(r).name for r in project["dependencies"]}
-    assert not core & {"grpcio", "azure-eventhub", "azure-identity"}, core
-    assert set(optional["all"]) == {f"{extras.DISTRIBUTION}[grpc,eventhubs]"}
+    assert not core & {"grpcio", "azure-eventhub", "azure-identity", "azure-storage-queue"}, core
+    assert set(optional["all"]) == {f"{extras.DISTRIBUTION}[grpc,eventhubs,platform]"}
 
 
 def test_the_blocker_is_the_only_difference(tmp_path: Path) -> None:

@@ -3,9 +3,11 @@
 ``pip install azure-scheduled-events-exporter`` is the core: IMDS, the console sink, OTLP over
 HTTP and the Prometheus scrape. OTLP over gRPC needs the ``grpc`` extra (grpcio); the Event
 Hubs sink needs the ``eventhubs`` extra (azure-eventhub, and azure-identity for managed
-identity). The slim image is the core alone; the default image has every extra. A route whose
-extra is missing is a configuration problem, found before anything starts and said in one line
-(:func:`problem`), never an ``ImportError`` from inside a sink.
+identity); the ``platform`` command needs the ``platform`` extra (azure-storage-queue, and
+azure-identity for managed identity and Resource Graph). The slim image is the core alone;
+the default image has every extra. A route whose extra is missing is a configuration problem,
+found before anything starts and said in one line (:func:`problem`), never an ``ImportError``
+from inside a sink.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Extra:
 GRPC: Final = Extra("grpc", (("grpc", "grpcio"),))
 EVENTHUBS: Final = Extra("eventhubs", (("azure.eventhub", "azure-eventhub"),
                                        ("azure.identity", "azure-identity")))
+PLATFORM: Final = Extra("platform", (("azure.storage.queue", "azure-storage-queue"),
+                                     ("azure.identity", "azure-identity")))
 
 
 def _importable(module: str) -> bool:
