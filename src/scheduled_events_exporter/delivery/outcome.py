@@ -71,6 +71,10 @@ class SinkStatus:
     max_request_bytes: int = 0
     #: Seconds until the next request may go (the peer's requested pause, or our backoff).
     paused_for: float = 0.0
+    #: Highest record sequence number this sink's spool holds durably (its append returned);
+    #: without a spool, the highest it was given. The platform command deletes a queue message
+    #: only once every sink's is at least its records' last.
+    spooled_seq: int = 0
 
 
 #: Counts a failure: (sink, signal, count); the ``export.failures`` metric.

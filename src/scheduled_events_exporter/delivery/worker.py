@@ -303,6 +303,8 @@ class DeliveryWorker:
                 request_bytes=self._bound.current,
                 max_request_bytes=self._bound.maximum,
                 paused_for=self._pause.remaining() if self._queue else 0.0,
+                # (An int read, no lock: the spool's appends run on the submitting thread.)
+                spooled_seq=self._spool.last_seq if self._spool is not None else self._seq,
             )
 
     def _run(self) -> None:
