@@ -104,20 +104,29 @@ def _json(body: str) -> object:
     if len(body) > MAX_BODY:
         raise _Refusal(TOO_LARGE, f"{len(body)} characters, expected at most {MAX_BODY}")
     text = body.strip()
-    if not text.startswith(("{", "[")):
-        # Base64, as a queue binding writes it (strict: other text is not JSON either).
+    if not text:
+        raise _Refusal(NOT_JSON, "an empty message, expected an event as JSON")
+    try:
+        return _loads(text)
+    except ValueError as not_json:
+        # Base64, as a queue binding writes it (strict: other text is neither).
         try:
-            text = base64.b64decode(text, validate=True).decode("utf-8-sig").strip()
+            decoded = base64.b64decode(text, validate=True).decode("utf-8-sig").strip()
         except (binascii.Error, ValueError):
-            raise _Refusal(NOT_JSON, f"neither JSON nor base64 of JSON: starts "
+            raise _Refusal(NOT_JSON, f"neither JSON ({not_json}) nor base64 of JSON: starts "
                                      f"{excerpt(body.encode('utf-8', 'replace'))!r}") from None
+    try:
+        return _loads(decoded)
+    except ValueError as exc:
+        raise _Refusal(NOT_JSON, f"base64 of something that is not JSON ({exc}): starts "
+                                 f"{excerpt(decoded.encode('utf-8', 'replace'))!r}") from None
+
+
+def _loads(text: str) -> object:
     try:
         return json.loads(text)
     except RecursionError:
         raise _Refusal(NOT_JSON, "JSON nested too deeply") from None
-    except ValueError as exc:
-        raise _Refusal(NOT_JSON, f"not JSON ({exc}): starts "
-                                 f"{excerpt(text.encode('utf-8', 'replace'))!r}") from None
 
 
 def _changes(data: object) -> list[PlatformChange]:
