@@ -152,3 +152,34 @@ def test_the_blocker_is_the_only_difference(tmp_path: Path) -> None:
         result = run_cli(tmp_path, "check-config", [], **env)
         assert result.returncode == 0, result.stderr
         assert f"SEE_SINKS={env['SEE_SINKS']}" in result.stdout
+
+
+QUEUE = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
+         "QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;")
+
+
+def test_the_platform_command_without_the_storage_queue_sdk(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "platform", ["azure.storage"], SEE_SINKS="console",
+                     SEE_PLATFORM_QUEUE_CONNECTION_STRING=QUEUE, SEE_PLATFORM_QUEUE_NAME="events")
+    assert one_line(result) == (
+        "configuration error: the platform command: reading the platform's record needs "
+        "azure-storage-queue, which is not installed (the platform extra); expected it "
+        "installed (pip install 'azure-scheduled-events-exporter[platform]', "
+        f"{hashed('platform')}; {IN_A_CONTAINER}) or the sidecar's run command alone")
+    assert "a2V5" not in result.stderr + result.stdout
+
+
+def test_the_platform_command_with_managed_identity_needs_azure_identity_too(
+        tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "platform", ["azure.storage", "azure.identity"],
+                     SEE_PLATFORM_QUEUE_URL="https://acct.queue.core.windows.net/events")
+    assert "needs azure-storage-queue and azure-identity, which are not installed" in \
+        one_line(result)
+
+
+def test_run_needs_no_platform_extra_and_the_platform_needs_a_queue(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "check-config", ["azure.storage"], SEE_SINKS="console")
+    assert result.returncode == 0, result.stderr
+    result = run_cli(tmp_path, "platform", [], SEE_SINKS="console")
+    assert one_line(result).startswith("configuration error: SEE_PLATFORM_QUEUE_URL: expected "
+                                       "the queue Event Grid delivers to")
