@@ -66,10 +66,10 @@ LIMIT_MIB = 192
 #: route) and the slim image (the core alone).
 MAX_IMAGE_MB = 100
 MAX_SLIM_MB = 70
-#: What only the grpc and eventhubs extras bring: never in the slim image (top-level names in
-#: site-packages, distributions' names).
+#: What only the grpc, eventhubs and platform extras bring: never in the slim image (top-level
+#: names in site-packages, distributions' names).
 EXTRAS_ONLY = ("grpc", "azure", "msal", "cryptography", "_cffi_backend", "cffi", "pycparser",
-               "jwt", "pyjwt", "requests")
+               "jwt", "pyjwt", "requests", "isodate")
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,8 @@ def _contents(podman: Podman, image: str) -> dict[str, Any]:
     return seen
 
 
-def _locked(python: str, extras: tuple[str, ...] = ("grpc", "eventhubs")) -> set[str]:
+def _locked(python: str, extras: tuple[str, ...] = ("grpc", "eventhubs", "platform")
+            ) -> set[str]:
     """``name==version`` of everything requirements/runtime.lock and the layers of ``extras``
     (requirements/extra-*.lock; by default every extra, as the default image) install for
     ``python``."""
