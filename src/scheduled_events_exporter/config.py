@@ -111,7 +111,7 @@ class Config:
     #: Replay only (SEE_CLOCK_START): the wall clock starts here and runs at real speed, so a
     #: recorded document sequence meets the NotBefore times it was captured with.
     clock_start: datetime | None = None
-    #: The platform command's settings (SEE_PLATFORM_*; docs/platform-feed.md).
+    #: The platform command's settings (SEE_PLATFORM_*; docs/semantics.md, "The platform's record").
     platform: PlatformSettings = DEFAULT_PLATFORM
     #: Settings that are valid but probably wrong (printed by run and check-config).
     warnings: tuple[str, ...] = ()
@@ -485,7 +485,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             show=lambda c: c.clock_start.isoformat() if c.clock_start else ""),
     Setting("SEE_LOG_LEVEL", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"),
             "one of debug, info, warning, error"),
-    # The platform command's (docs/platform-feed.md); run reads none of them.
+    # The platform command's (docs/semantics.md, "The platform's record"); run reads none.
     Setting("SEE_PLATFORM_QUEUE_URL", "platform.queue_url", platform_settings.queue_url,
             platform_settings.QUEUE_URL_EXPECTED, when=_platform),
     Setting("SEE_PLATFORM_QUEUE_CONNECTION_STRING", "platform.queue_connection_string", str,
