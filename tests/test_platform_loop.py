@@ -144,3 +144,15 @@ def test_the_sdks_errors_are_classified() -> None:
     assert classify(http(500)).outcome == "server_error"
     assert classify(http(403)).lasting and classify(http(400)).lasting
     assert classify(ServiceRequestError("refused")).outcome == "connection_error"
+
+
+def test_readiness_names_the_platform_queue() -> None:
+    from scheduled_events_exporter.health import HealthInputs, readiness
+
+    inputs = HealthInputs(last_tick=lambda: None, started=0.0, last_good=lambda: None,
+                          last_outcome=lambda: "throttled", sink_status=list,
+                          poll_interval=5.0, request_timeout=40.0, staleness_limit=30.0,
+                          source="platform queue")
+    ok, body = readiness(inputs)
+    assert not ok and body["reasons"] == ["no good answer from the platform queue yet"]
+    assert body["platform_queue_last_outcome"] == "throttled" and "imds_last_outcome" not in body
