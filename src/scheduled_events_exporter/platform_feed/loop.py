@@ -40,7 +40,13 @@ from scheduled_events_exporter.model import InstanceInfo, Observer, PlatformChan
 from scheduled_events_exporter.platform_feed.arm import instance_for
 from scheduled_events_exporter.platform_feed.envelope import Refused, read_message, read_row
 from scheduled_events_exporter.platform_feed.queue import Message, QueueError
-from scheduled_events_exporter.platform_feed.resource_graph import GraphError
+from scheduled_events_exporter.platform_feed.resource_graph import (
+    ATTEMPTS,
+    CONNECT_TIMEOUT,
+    MAX_WAIT,
+    READ_TIMEOUT,
+    GraphError,
+)
 from scheduled_events_exporter.poller import Clock, Submitter
 from scheduled_events_exporter.records import TransitionRecord, make_record
 from scheduled_events_exporter.state import PersistedState, StateStore
@@ -245,10 +251,15 @@ class PlatformLoop:
         rows = refused = 0
         transitions: list[tuple[Transition, InstanceInfo]] = []
         state = self.state
+        # /healthz: a page may wait out throttling several times before it comes.
+        page_budget = ATTEMPTS * (MAX_WAIT + CONNECT_TIMEOUT + READ_TIMEOUT)
+        self.next_tick_deadline = self.clock.monotonic() + page_budget
         try:
             for row in graph.rows():
                 if stop.is_set():
                     break
+                self.last_tick_monotonic = self.clock.monotonic()
+                self.next_tick_deadline = self.last_tick_monotonic + page_budget
                 rows += 1
                 change = read_row(row)
                 if isinstance(change, Refused):

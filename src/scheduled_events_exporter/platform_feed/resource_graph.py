@@ -51,7 +51,9 @@ MAX_PAGES = 10_000
 ATTEMPTS = 8
 #: The longest single wait (a throttled quota resets within minutes).
 MAX_WAIT = 300.0
-TIMEOUT = urllib3.Timeout(connect=10.0, read=60.0)
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+TIMEOUT = urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT)
 _RESETS = re.compile(r"(\d{1,2}):(\d{2}):(\d{2})")
 
 
