@@ -216,6 +216,8 @@ def body(record: TransitionRecord) -> str:
         case TransitionKind.STARTED if t.outcome_basis == Basis.USER_INITIATED:
             return (f"{kind} started for {who} ({impact}; user-initiated and approved "
                     f"automatically, so never Scheduled)")
+        case TransitionKind.STARTED if record.is_platform:
+            return f"{kind} started for {who} ({impact}; the platform's record)"
         case TransitionKind.STARTED:
             how = " unannounced" if t.unannounced else ""
             first = (f" (first seen already started: {t.outcome_basis})"
