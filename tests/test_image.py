@@ -368,6 +368,39 @@ def test_the_slim_image_refuses_a_route_it_lacks_in_one_line(
         assert "the default image rather than -slim" in line, line
 
 
+def test_the_slim_image_refuses_the_platform_command_in_one_line(podman: Podman,
+                                                                 slim_image: str) -> None:
+    done = podman("run", "--rm", "--no-healthcheck", "-e",
+                  "SEE_PLATFORM_QUEUE_URL=https://acct.queue.core.windows.net/events",
+                  slim_image, "platform", check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "pip install 'azure-scheduled-events-exporter[platform]'" in line, line
+
+
+def test_the_platform_command_runs_from_the_default_image(podman: Podman, image: str) -> None:
+    """Its SDK imports from the trimmed virtualenv (no asyncio clients left), and a queue it
+    cannot reach is retried, not fatal: it stops cleanly on SIGTERM."""
+    done = podman("run", "--rm", "--no-healthcheck", "--entrypoint",
+                  "/opt/scheduled-events-exporter/bin/python", image, "-c",
+                  "import azure.storage.queue, azure.identity, azure.eventhub, importlib.util;"
+                  "print(importlib.util.find_spec('azure.storage.queue.aio'))")
+    assert done.stdout.strip() == "None", done.stdout
+    name = unique("platform")
+    podman(*run_args("-d", "--name", name), "-e", "SEE_HEALTH_ADDR=",
+           "-e", "SEE_PLATFORM_QUEUE_CONNECTION_STRING=DefaultEndpointsProtocol=http;"
+           "AccountName=devstoreaccount1;AccountKey=a2V5;"
+           "QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;",
+           "-e", "SEE_PLATFORM_QUEUE_NAME=events", image, "platform")
+    try:
+        wait_until(lambda: "platform queue: connection_error" in podman("logs", name).stderr,
+                   60, "the unreachable queue said, and retried", interval=0.5)
+        podman("stop", "-t", "10", name, timeout=30)
+        assert podman.inspect(name, "{{.State.ExitCode}}") == "0"
+    finally:
+        cleanup(podman, containers=[name])
+
+
 # --- every route from the trimmed default image ---------------------------------------------
 
 _SHARED_OBJECTS = """import importlib, os, site
