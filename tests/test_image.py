@@ -387,18 +387,16 @@ def test_the_platform_command_runs_from_the_default_image(podman: Podman, image:
                   "print(importlib.util.find_spec('azure.storage.queue.aio'))")
     assert done.stdout.strip() == "None", done.stdout
     name = unique("platform")
-    podman(*run_args("-d", "--name", name), "-e", "SEE_HEALTH_ADDR=",
-           "-e", "SEE_PLATFORM_QUEUE_CONNECTION_STRING=DefaultEndpointsProtocol=http;"
-           "AccountName=devstoreaccount1;AccountKey=a2V5;"
-           "QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;",
-           "-e", "SEE_PLATFORM_QUEUE_NAME=events", image, "platform")
-    try:
+    with cleanup(podman, containers=[name]):
+        podman(*run_args("-d", "--name", name), "-e", "SEE_HEALTH_ADDR=",
+               "-e", "SEE_PLATFORM_QUEUE_CONNECTION_STRING=DefaultEndpointsProtocol=http;"
+               "AccountName=devstoreaccount1;AccountKey=a2V5;"
+               "QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;",
+               "-e", "SEE_PLATFORM_QUEUE_NAME=events", image, "platform")
         wait_until(lambda: "platform queue: connection_error" in podman("logs", name).stderr,
                    60, "the unreachable queue said, and retried", interval=0.5)
         podman("stop", "-t", "10", name, timeout=30)
         assert podman.inspect(name, "{{.State.ExitCode}}") == "0"
-    finally:
-        cleanup(podman, containers=[name])
 
 
 # --- every route from the trimmed default image ---------------------------------------------
