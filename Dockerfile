@@ -1,19 +1,20 @@
 # The exporter's images (README, "In a container"; docs/container.md):
 #
 #   runtime (the default): every route (console, OTLP over HTTP and gRPC, Event Hubs, the
-#           Prometheus scrape) in a virtualenv on a base with a Python interpreter and nothing
+#           Prometheus scrape) and the platform command (the Storage queue SDK) in a virtualenv on a base with a Python interpreter and nothing
 #           else, no shell, no package manager (distroless python3-debian13, user nonroot = 65532).
 #   slim:   the same base with the core alone (console, OTLP over HTTP, the Prometheus scrape):
 #           no gRPC, no Azure SDK, none of their dependencies or advisories; published as the
-#           -slim tag. A gRPC or Event Hubs configuration is refused at start in one line.
+#           -slim tag. A gRPC or Event Hubs configuration, or the platform command, is refused at
+#           start in one line.
 #   shell:  the default's virtualenv on the build stage's base, for approval hooks written as
 #           shell command lines (SEE_APPROVE_HOOK="drain && leave"); published as the -shell tag.
 #
 # BUILDER_IMAGE is a Python with its venv module (Debian 13's python3 is installed when the base
 # lacks it); RUNTIME_IMAGE is the same interpreter at the same path (/usr/bin/python3), so the
 # virtualenv built in one runs in the other. The runtime closure is installed from
-# requirements/runtime.lock (the core) and requirements/extra-*.lock (what the grpc and
-# eventhubs extras add) with hash checking, the build backend from requirements/build.lock.
+# requirements/runtime.lock (the core) and requirements/extra-*.lock (what the grpc, eventhubs
+# and platform extras add) with hash checking, the build backend from requirements/build.lock.
 # Nothing depends on the CPU architecture: pip takes each platform's wheels.
 # VERSION, REVISION and CREATED fill the OCI labels (the release workflow passes them). VERSION
 # is also the exporter's own version (setup.py checks it against RELEASE in
@@ -96,13 +97,16 @@ RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi \
  && mkdir -p /out/state/scheduled-events-exporter \
  && chmod 0700 /out/state/scheduled-events-exporter
 
-# Every route: the grpc and eventhubs extras' locked layers added to the core's virtualenv.
+# Every route: the grpc, eventhubs and platform extras' locked layers added to the core's
+# virtualenv (a distribution two layers share, azure-identity and its closure, is listed in
+# both with one pin, and installed once).
 FROM build-core AS build
 ARG PIP_INDEX_URL=""
 RUN if [ -z "$PIP_INDEX_URL" ]; then unset PIP_INDEX_URL; fi \
  && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python \
         install --no-compile --require-hashes --no-deps \
         -r requirements/extra-grpc.lock -r requirements/extra-eventhubs.lock \
+        -r requirements/extra-platform.lock \
  && /tmp/build/bin/python -m pip --python /opt/scheduled-events-exporter/bin/python check \
  && /opt/scheduled-events-exporter/bin/python tools/trim_venv.py /opt/scheduled-events-exporter \
  && printf 'default\n' > /opt/scheduled-events-exporter/image-target

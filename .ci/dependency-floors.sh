@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pyproject.toml states the runtime dependencies (the core's and the grpc and eventhubs extras')
+# pyproject.toml states the runtime dependencies (the core's and the grpc, eventhubs and
+# platform extras')
 # as ranges; the main suite runs the newest (requirements/runtime.lock and
 # requirements/extra-*.lock, exact and hashed: what the images and the release install). This
 # installs the floor of every range at once (the oldest release pip users may get beside other
@@ -21,7 +22,7 @@ import re, sys, tomllib
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
 extras = project["optional-dependencies"]
-deps = project["dependencies"] + extras["grpc"] + extras["eventhubs"]
+deps = project["dependencies"] + extras["grpc"] + extras["eventhubs"] + extras["platform"]
 for dep in deps:
     m = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([^,;\s]+)(,<[^,;\s]+)?", dep)
     if not m:

@@ -22,6 +22,7 @@ from scheduled_events_exporter.config import (
     ConfigError,
     load_config,
 )
+from scheduled_events_exporter.platform_settings import PlatformSettings
 from scheduled_events_exporter.redact import is_secret_name
 
 #: Whether the eventhubs extra is installed: these are pure tests, also run on core installs
@@ -242,6 +243,7 @@ def test_the_readme_table_names_exactly_the_settings_in_their_order() -> None:
 def test_every_field_a_row_fills_exists() -> None:
     fields = {f.name for f in dataclasses.fields(Config)}
     approval = {f"approval.{f.name}" for f in dataclasses.fields(ApprovalConfig)}
+    approval |= {f"platform.{f.name}" for f in dataclasses.fields(PlatformSettings)}
     # The two Prometheus rows make one field, prometheus_addr.
     for row in SETTINGS:
         assert not row.field or row.field in fields | approval | {
@@ -315,20 +317,30 @@ def full_environment(tmp_path: Path) -> dict[str, str]:
         OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE=str(pem), OTEL_EXPORTER_OTLP_INSECURE="false",
         OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="delta",
         OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION="base2_exponential_bucket_histogram",
-        OTEL_SERVICE_NAME="svc", OTEL_RESOURCE_ATTRIBUTES="team=sre")
+        OTEL_SERVICE_NAME="svc", OTEL_RESOURCE_ATTRIBUTES="team=sre",
+        SEE_PLATFORM_QUEUE_URL="https://acct.queue.core.windows.net/scheduled-events",
+        SEE_PLATFORM_POLL_INTERVAL="2", SEE_PLATFORM_VISIBILITY_TIMEOUT="60",
+        SEE_PLATFORM_MAX_DEQUEUE="5", SEE_PLATFORM_BACKFILL="start",
+        SEE_PLATFORM_SUBSCRIPTIONS="0b6f1a2c-3d4e-4f50-8a9b-1c2d3e4f5a6b",
+        SEE_PLATFORM_RESOURCE_GRAPH_ENDPOINT="https://management.usgovcloudapi.net")
+
+#: The platform queue's other way in (a connection string and a name) is not set beside its
+#: URL: one or the other.
+_OTHER_QUEUE_WAY = {"SEE_PLATFORM_QUEUE_CONNECTION_STRING", "SEE_PLATFORM_QUEUE_NAME"}
 
 
 def test_describe_lists_every_non_secret_row_in_the_table_order(tmp_path: Path) -> None:
     values = full_environment(tmp_path)
     assert set(values) - {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"} == {
-        row.name for row in SETTINGS} - {"SEE_EVENTHUB_CONNECTION_STRING"}
+        row.name for row in SETTINGS} - {"SEE_EVENTHUB_CONNECTION_STRING", *_OTHER_QUEUE_WAY}
     lines = load_config(values, create=False).describe(values)
     named = [line.split("=", 1)[0] for line in lines]
     # Every non-secret row, and the per-signal spelling set; the connection string is not
     # (a namespace is the credential here).
     # (Where the eventhubs extra is missing, the sink is off and its rows are not described.)
     expected = [n for row in SETTINGS for n in row.names if (n in values or (
-        not row.secret and n == row.name)) and (EVENTHUBS or not n.startswith("SEE_EVENTHUB_"))]
+        not row.secret and n == row.name)) and (EVENTHUBS or not n.startswith("SEE_EVENTHUB_"))
+        and n not in _OTHER_QUEUE_WAY]
     assert named == expected
     assert "OTEL_EXPORTER_OTLP_HEADERS=<redacted>" in lines
     assert "OTEL_EXPORTER_OTLP_CLIENT_KEY=<redacted>" in lines

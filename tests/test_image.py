@@ -67,10 +67,10 @@ LIMIT_MIB = 192
 #: route) and the slim image (the core alone).
 MAX_IMAGE_MB = 100
 MAX_SLIM_MB = 70
-#: What only the grpc and eventhubs extras bring: never in the slim image (top-level names in
-#: site-packages, distributions' names).
+#: What only the grpc, eventhubs and platform extras bring: never in the slim image (top-level
+#: names in site-packages, distributions' names).
 EXTRAS_ONLY = ("grpc", "azure", "msal", "cryptography", "_cffi_backend", "cffi", "pycparser",
-               "jwt", "pyjwt", "requests")
+               "jwt", "pyjwt", "requests", "isodate")
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,8 @@ def _contents(podman: Podman, image: str) -> dict[str, Any]:
     return seen
 
 
-def _locked(python: str, extras: tuple[str, ...] = ("grpc", "eventhubs")) -> set[str]:
+def _locked(python: str, extras: tuple[str, ...] = ("grpc", "eventhubs", "platform")
+            ) -> set[str]:
     """``name==version`` of everything requirements/runtime.lock and the layers of ``extras``
     (requirements/extra-*.lock; by default every extra, as the default image) install for
     ``python``."""
@@ -382,6 +383,37 @@ def test_the_slim_image_refuses_a_route_it_lacks_in_one_line(
                 f"the {extra} extra); expected the default image, which has every extra (the "
                 "same tag without -slim") in line, line
         assert "pip install" not in line and "pip --python" not in line, line
+
+
+def test_the_slim_image_refuses_the_platform_command_in_one_line(podman: Podman,
+                                                                 slim_image: str) -> None:
+    done = podman("run", "--rm", "--no-healthcheck", "-e",
+                  "SEE_PLATFORM_QUEUE_URL=https://acct.queue.core.windows.net/events",
+                  slim_image, "platform", check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "pip install 'azure-scheduled-events-exporter[platform]'" in line, line
+
+
+def test_the_platform_command_runs_from_the_default_image(podman: Podman, image: str) -> None:
+    """Its SDK imports from the trimmed virtualenv (no asyncio clients left), and a queue it
+    cannot reach is retried, not fatal: it stops cleanly on SIGTERM."""
+    done = podman("run", "--rm", "--no-healthcheck", "--entrypoint",
+                  "/opt/scheduled-events-exporter/bin/python", image, "-c",
+                  "import azure.storage.queue, azure.identity, azure.eventhub, importlib.util;"
+                  "print(importlib.util.find_spec('azure.storage.queue.aio'))")
+    assert done.stdout.strip() == "None", done.stdout
+    name = unique("platform")
+    with cleanup(podman, containers=[name]):
+        podman(*run_args("-d", "--name", name), "-e", "SEE_HEALTH_ADDR=",
+               "-e", "SEE_PLATFORM_QUEUE_CONNECTION_STRING=DefaultEndpointsProtocol=http;"
+               "AccountName=devstoreaccount1;AccountKey=a2V5;"
+               "QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;",
+               "-e", "SEE_PLATFORM_QUEUE_NAME=events", image, "platform")
+        wait_until(lambda: "platform queue: connection_error" in podman("logs", name).stderr,
+                   60, "the unreachable queue said, and retried", interval=0.5)
+        podman("stop", "-t", "10", name, timeout=30)
+        assert podman.inspect(name, "{{.State.ExitCode}}") == "0"
 
 
 # --- every route from the trimmed default image ---------------------------------------------

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIME = REPO / "requirements" / "runtime.lock"
 #: What each extra adds to the core (tools/lock.py cuts them from one resolution).
 EXTRA_LOCKS = {extra: REPO / "requirements" / f"extra-{extra}.lock"
-               for extra in ("grpc", "eventhubs")}
+               for extra in ("grpc", "eventhubs", "platform")}
 BUILD = REPO / "requirements" / "build.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 #: What only the extras may bring: gRPC, the Azure SDK, and what azure-identity pulls in.
@@ -74,8 +74,9 @@ def unmet(requirements: list[str], locked: list[Pin]) -> list[str]:
             requirement = Requirement(text)
             if requirement.marker is not None and not requirement.marker.evaluate(env):
                 continue
-            versions = [p.version for p in here
-                        if p.name == canonicalize_name(requirement.name)]
+            # (Two layers may list a distribution they share, with the same pin.)
+            versions = sorted({p.version for p in here
+                               if p.name == canonicalize_name(requirement.name)})
             if len(versions) != 1 or versions[0] not in requirement.specifier:
                 problems.append(f"{text} on {env['sys_platform']} {env['platform_machine']} "
                                 f"Python {env['python_version']}: lock has {versions}")
@@ -104,7 +105,8 @@ def locked_for(extras: tuple[str, ...]) -> list[Pin]:
             *(p for extra in extras for p in pins(EXTRA_LOCKS[extra].read_text()))]
 
 
-COMBINATIONS = [(), ("grpc",), ("eventhubs",), ("grpc", "eventhubs")]
+COMBINATIONS = [(), ("grpc",), ("eventhubs",), ("platform",), ("grpc", "eventhubs"),
+                ("eventhubs", "platform"), ("grpc", "eventhubs", "platform")]
 
 
 @pytest.mark.parametrize("extras", COMBINATIONS, ids=lambda e: "+".join(("core", *e)))
@@ -113,12 +115,16 @@ def test_every_runtime_requirement_is_locked_once_per_environment(
     locked = locked_for(extras)
     assert unmet(requirements_of(extras), locked) == []
     for env in ENVIRONMENTS:  # one version of each distribution per environment
-        names = [p.name for p in locked if p.marker is None or p.marker.evaluate(env)]
-        assert len(names) == len(set(names)), env
+        versions: dict[str, set[Version]] = {}
+        for p in locked:  # (two layers may list one distribution: with one pin, installed once)
+            if p.marker is None or p.marker.evaluate(env):
+                versions.setdefault(p.name, set()).add(p.version)
+        assert all(len(v) == 1 for v in versions.values()), (env, versions)
 
 
 def test_the_all_extra_is_every_layer_and_the_build_is_locked() -> None:
-    assert sorted(requirements_of(("all",))) == sorted(requirements_of(("grpc", "eventhubs")))
+    assert sorted(requirements_of(("all",))) == sorted(
+        requirements_of(("grpc", "eventhubs", "platform")))
     assert unmet(PYPROJECT["build-system"]["requires"], pins(BUILD.read_text())) == []
 
 
@@ -128,11 +134,13 @@ def test_the_core_lock_carries_neither_grpc_nor_the_azure_sdk() -> None:
     what its extra adds."""
     core = {p.name for p in pins(RUNTIME.read_text())}
     assert not {n for n in core if n.startswith(NOT_IN_THE_CORE)}, sorted(core)
-    grpc, eventhubs = ({p.name for p in pins(path.read_text())}
-                       for path in EXTRA_LOCKS.values())
+    grpc, eventhubs, platform = ({p.name for p in pins(path.read_text())}
+                                 for path in EXTRA_LOCKS.values())
     assert grpc == {"grpcio"}, grpc
     assert {"azure-eventhub", "azure-identity", "msal", "cryptography"} <= eventhubs
+    assert {"azure-storage-queue", "azure-identity"} <= platform
     assert not eventhubs & core and not grpc & core and not grpc & eventhubs
+    assert not platform & core and not grpc & platform
 
 
 def test_every_locked_distribution_carries_hashes() -> None:

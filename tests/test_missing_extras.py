@@ -140,12 +140,12 @@ def test_each_extra_installs_what_its_line_names() -> None:
     none of them is in the core."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     optional = project["optional-dependencies"]
-    for extra in (extras.GRPC, extras.EVENTHUBS):
+    for extra in (extras.GRPC, extras.EVENTHUBS, extras.PLATFORM):
         declared = {Requirement(r).name for r in optional[extra.name]}
         assert declared == {distribution for _, distribution in extra.modules}, extra
     core = {Requirement(r).name for r in project["dependencies"]}
-    assert not core & {"grpcio", "azure-eventhub", "azure-identity"}, core
-    assert set(optional["all"]) == {f"{extras.DISTRIBUTION}[grpc,eventhubs]"}
+    assert not core & {"grpcio", "azure-eventhub", "azure-identity", "azure-storage-queue"}, core
+    assert set(optional["all"]) == {f"{extras.DISTRIBUTION}[grpc,eventhubs,platform]"}
 
 
 def test_the_blocker_is_the_only_difference(tmp_path: Path) -> None:
@@ -285,3 +285,33 @@ def test_an_image_installs_its_extras_at_every_build_and_is_not_warned() -> None
                            source=None, image="default")
     assert extras.outside_core("SEE_SINKS='eventhubs'", "the eventhubs sink", extras.EVENTHUBS,
                                ["azure-eventhub"], install=image) == ""
+
+
+QUEUE = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
+         "QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;")
+
+
+def test_the_platform_command_without_the_storage_queue_sdk(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "platform", ["azure.storage"], SEE_SINKS="console",
+                     SEE_PLATFORM_QUEUE_CONNECTION_STRING=QUEUE, SEE_PLATFORM_QUEUE_NAME="events")
+    assert one_line(result) == (
+        "configuration error: the platform command: reading the platform's record needs "
+        "azure-storage-queue, which is not installed (the platform extra); "
+        f"{ways('platform')} or the sidecar's run command alone")
+    assert "a2V5" not in result.stderr + result.stdout
+
+
+def test_the_platform_command_with_managed_identity_needs_azure_identity_too(
+        tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "platform", ["azure.storage", "azure.identity"],
+                     SEE_PLATFORM_QUEUE_URL="https://acct.queue.core.windows.net/events")
+    assert "needs azure-storage-queue and azure-identity, which are not installed" in \
+        one_line(result)
+
+
+def test_run_needs_no_platform_extra_and_the_platform_needs_a_queue(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "check-config", ["azure.storage"], SEE_SINKS="console")
+    assert result.returncode == 0, result.stderr
+    result = run_cli(tmp_path, "platform", [], SEE_SINKS="console")
+    assert one_line(result).startswith("configuration error: SEE_PLATFORM_QUEUE_URL: expected "
+                                       "the queue Event Grid delivers to")

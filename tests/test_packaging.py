@@ -81,10 +81,12 @@ def test_the_wheel_and_the_sdist_carry_the_licence(dists: dict[str, Path]) -> No
 
 
 def _runtime_dependencies() -> list[str]:
-    """The core's dependencies, then the grpc and eventhubs extras' (``all`` names those two)."""
+    """The core's dependencies, then the grpc, eventhubs and platform extras' (``all`` names
+    those three)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    deps: list[str] = project["dependencies"] + extras["grpc"] + extras["eventhubs"]
+    deps: list[str] = (project["dependencies"] + extras["grpc"] + extras["eventhubs"]
+                       + extras["platform"])
     return deps
 
 
@@ -93,7 +95,7 @@ def test_runtime_dependencies_are_ranges_that_the_lock_satisfies() -> None:
 
     from tests.test_lock import locked_for
 
-    locked = {p.name: p.version for p in locked_for(("grpc", "eventhubs"))}
+    locked = {p.name: p.version for p in locked_for(("grpc", "eventhubs", "platform"))}
     deps = _runtime_dependencies()
     assert len(deps) >= 10, deps
     for dep in deps:

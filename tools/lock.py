@@ -12,10 +12,12 @@ service):
   (``--universal``: the image's Python 3.13 on x86-64 and Arm64, the VMs' system Pythons 3.10
   to 3.14 under the systemd unit, 3.10 to 3.15 for the Windows service). The slim image
   installs exactly this.
-* ``requirements/extra-grpc.lock`` and ``requirements/extra-eventhubs.lock``: what each extra
-  adds to the core, nothing the core already has. An install with extras takes the core and
+* ``requirements/extra-grpc.lock``, ``requirements/extra-eventhubs.lock`` and
+  ``requirements/extra-platform.lock``: what each extra adds to the core, nothing the core
+  already has (two extras may share a distribution, e.g. azure-identity: each layer lists it,
+  with the same pin, and pip takes the duplicate once). An install with extras takes the core and
   the layers of its extras together (``-r runtime.lock -r extra-grpc.lock``); the default
-  image, CI and the release take all three (the ``all`` extra).
+  image, CI and the release take all four (the ``all`` extra).
 * ``requirements/build.lock``: the build backend (``[build-system] requires``) the image builds
   the exporter's wheel with, also by hash.
 * ``requirements/release.lock``: the release workflow's tools (``requirements/release.in``:
@@ -50,7 +52,7 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / "requirements"
 #: The extras whose layers are locked, in the order the images install them.
-EXTRAS = ("grpc", "eventhubs")
+EXTRAS = ("grpc", "eventhubs", "platform")
 LOCKS = {
     "runtime": REQUIREMENTS / "runtime.lock",
     **{f"extra-{extra}": REQUIREMENTS / f"extra-{extra}.lock" for extra in EXTRAS},

@@ -8,6 +8,12 @@ its version's) does three things to ``VENV``'s site-packages:
   sections that some wheels ship; the dynamic symbols a loader needs stay). gRPC's is stripped
   already, cryptography's (14.4 MB) is not.
 * **removes type stubs** (``*.pyi``): read by type checkers, never by the interpreter.
+* **removes the Azure SDKs' asyncio clients** (every ``aio`` package under ``azure/``: the
+  Event Hubs, identity and Storage queue SDKs' async twins, about 0.9 MB of bytecode): the
+  exporter uses their synchronous clients only, and no module outside an ``aio`` package
+  imports one except under ``TYPE_CHECKING`` (azure-core's own async modules, which its sync
+  pipeline imports, are not in an ``aio`` package and stay). This keeps the default image,
+  which carries the platform command's Storage queue SDK too, within its 100 MB.
 * **ships the dependencies as bytecode only**: each ``.py`` outside the exporter's own package
   is compiled to a ``.pyc`` beside it (its original path kept in the code objects, so a
   traceback still names the file and line) and the source removed. The interpreter imports such
@@ -63,6 +69,21 @@ def remove_stubs(site: Path) -> int:
     return removed
 
 
+def remove_async_clients(site: Path) -> int:
+    """Remove the ``aio`` packages of the Azure SDKs; the bytes removed."""
+    azure = site / "azure"
+    if not azure.is_dir():
+        return 0
+    removed = 0
+    # Deepest first, so a package inside another is gone before its parent is looked at.
+    for package in sorted(azure.rglob("aio"), key=lambda p: len(p.parts), reverse=True):
+        is_package = any((package / name).exists() for name in ("__init__.py", "__init__.pyc"))
+        if package.is_dir() and is_package:
+            removed += _size(package)
+            shutil.rmtree(package)
+    return removed
+
+
 def bytecode_only(site: Path) -> int:
     """Compile every dependency's source to a ``.pyc`` beside it and remove the source and any
     ``__pycache__``; the bytes of source removed."""
@@ -108,11 +129,13 @@ def main(argv: list[str]) -> int:
     site = site_packages(Path(argv[0]))
     stripped = strip_shared_objects(site)
     stubs = remove_stubs(site)
+    asynchronous = remove_async_clients(site)
     sources = bytecode_only(site)
     compile_kept(site)
     print(f"trim_venv: {site}: {stripped / 1e6:.2f} MB of symbols stripped, "
-          f"{stubs / 1e6:.2f} MB of stubs and {sources / 1e6:.2f} MB of dependency sources "
-          f"removed (compiled beside them); {_size(site) / 1e6:.2f} MB in all")
+          f"{stubs / 1e6:.2f} MB of stubs, {asynchronous / 1e6:.2f} MB of the Azure SDKs' "
+          f"asyncio clients and {sources / 1e6:.2f} MB of dependency sources removed "
+          f"(compiled beside them); {_size(site) / 1e6:.2f} MB in all")
     return 0
 
 

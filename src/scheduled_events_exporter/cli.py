@@ -1,5 +1,5 @@
-"""Command line: ``run`` (default), ``check-config``, ``simulate``, ``demo``, ``probe``,
-``init-state-dir``, ``redeliver``, ``version``."""
+"""Command line: ``run`` (default), ``platform``, ``check-config``, ``simulate``, ``demo``,
+``probe``, ``init-state-dir``, ``redeliver``, ``version``."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ if TYPE_CHECKING:
 EXIT_CONFIG = 2
 
 
-def _load(env: dict[str, str] | None = None, *, create: bool = True) -> Config | None:
+def _load(env: dict[str, str] | None = None, *, create: bool = True,
+          command: str = "run") -> Config | None:
     from scheduled_events_exporter.config import ConfigError, load_config
 
     try:
-        config = load_config(env, create=create)
+        config = load_config(env, create=create, command=command)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"configuration error: {problem}", file=sys.stderr)
@@ -45,6 +46,20 @@ def _run() -> int:
     stop, finished = threading.Event(), threading.Event()
     stop_requests.install(stop, finished)
     return run(config, stop, finished)
+
+
+def _platform(backfill_only: bool) -> int:
+    config = _load(command="platform")
+    if config is None:
+        return EXIT_CONFIG
+    from scheduled_events_exporter.app import setup_logging
+    from scheduled_events_exporter.platform_feed.service import run
+    from scheduled_events_exporter.platforms import stop as stop_requests
+
+    setup_logging(config.log_level)
+    stop, finished = threading.Event(), threading.Event()
+    stop_requests.install(stop, finished)
+    return run(config, stop, finished, backfill_only=backfill_only)
 
 
 def _probe(path: str) -> int:
@@ -188,6 +203,9 @@ def _check_config(args: list[str]) -> int:
 
 COMMANDS = {
     "run": "poll IMDS and ship every change (the default when no command is given)",
+    "platform": "read the platform's own record of every VM's scheduled events (Event Grid "
+                "through a Storage queue; Resource Graph with --backfill) and ship it as run "
+                "ships IMDS's",
     "check-config": "validate the SEE_*/OTEL_* environment, print the effective configuration "
                     "(secrets redacted) and exit; changes nothing",
     "demo": "play a scenario against a simulated IMDS on loopback, console output, no Azure "
@@ -279,6 +297,26 @@ FOWNER capabilities only. Exit codes: 0 done; 1 the directory could not be made 
 (the line says why); 2 wrong arguments.
 """
 
+_PLATFORM_HELP = """usage: scheduled-events-exporter platform [--backfill]
+
+A fleet-level process (one per subscription or team, not per VM): read the platform's own record
+of scheduled events, which Azure publishes to Event Grid (system topic
+Microsoft.ResourceNotifications.MaintenanceResources) and Resource Graph for every VM, scale set
+and availability set whose scheduledEventsPolicy enables it, and ship it through the same
+tracker, records and sinks as run (every record says observer=platform). It reads the Storage
+queue an Event Grid subscription delivers to: SEE_PLATFORM_QUEUE_URL (DefaultAzureCredential),
+or SEE_PLATFORM_QUEUE_CONNECTION_STRING and SEE_PLATFORM_QUEUE_NAME. A message is deleted only
+once its records are in every sink's spool; one it cannot read goes to the dead-letter file.
+Its files are in SEE_STATE_DIR/platform/ (required).
+
+--backfill: read Resource Graph's maintenanceresources once (the latest status of each event:
+what the queue missed), ship what is new to the state, and exit. SEE_PLATFORM_BACKFILL=start
+does the same at every start, before the queue.
+
+Reads the SEE_PLATFORM_* variables and run's (sinks, state, health, metrics; see run --help).
+Exit codes as run's; 3 when another platform process holds its state directory.
+"""
+
 _VERSION_HELP = """usage: scheduled-events-exporter version
 
 Print the exporter's version (also: scheduled-events-exporter --version).
@@ -316,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return redeliver(rest)
     helps = {"check-config": _CHECK_HELP, "version": _VERSION_HELP, "probe": _PROBE_HELP,
-             "init-state-dir": _INIT_STATE_DIR_HELP}
+             "init-state-dir": _INIT_STATE_DIR_HELP, "platform": _PLATFORM_HELP}
     if rest in (["-h"], ["--help"]):
         print(helps[command] if command in helps else _run_help(), end="")
         return 0
@@ -326,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _probe(rest[0] if rest else "healthz")
     if command == "check-config":
         return _check_config(rest)
+    if command == "platform" and rest in ([], ["--backfill"]):
+        return _platform(backfill_only=rest == ["--backfill"])
     if rest:
         print(f"scheduled-events-exporter {command}: unexpected arguments: {' '.join(rest)} "
               f"(it is configured by environment variables; see "

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from scheduled_events_exporter.model import ITEMS_OF, UnreadableItem
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.tracker import TrackerState
+from scheduled_events_exporter.tracker import PlatformState, TrackerState
 
 #: The field of a value that holds what a newer release wrote (model.UnknownFields).
 UNKNOWN = "unknown_fields"
@@ -361,6 +361,17 @@ def encode_state(state: TrackerState) -> Json:
 def decode_state(data: object, ignored: set[str] | None = None) -> TrackerState:
     """Inverse of :func:`encode_state` (``ignored``: see :func:`decode`)."""
     return decode(TrackerState, data, "state", ignored)
+
+
+def encode_platform(state: PlatformState) -> Json:
+    """A :class:`PlatformState` (the platform command's memory) as a JSON object."""
+    encoded: Json = encode(state)
+    return encoded
+
+
+def decode_platform(data: object, ignored: set[str] | None = None) -> PlatformState:
+    """Inverse of :func:`encode_platform` (``ignored``: see :func:`decode`)."""
+    return decode(PlatformState, data, "platform", ignored)
 
 
 def encode_record(record: TransitionRecord) -> Json:

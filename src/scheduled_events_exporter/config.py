@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import SplitResult, urlsplit
 
-from scheduled_events_exporter import api_versions, extras, otlp_settings
+from scheduled_events_exporter import api_versions, extras, otlp_settings, platform_settings
 from scheduled_events_exporter.approval_rules import (
     RULES_EXPECTED,
     ApprovalConfig,
@@ -37,6 +37,7 @@ from scheduled_events_exporter.approval_rules import (
 )
 from scheduled_events_exporter.boot import DEFAULT_BOOT_ID_FILE
 from scheduled_events_exporter.otlp_settings import OtlpTarget
+from scheduled_events_exporter.platform_settings import PlatformSettings
 from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.platforms.shell import SHELL, Command
 from scheduled_events_exporter.redact import REDACTED, is_secret_name, scrub, shown
@@ -48,6 +49,7 @@ _MAX_VALUE = 4096
 
 DEFAULT_LOGS_TARGET = OtlpTarget("logs")
 DEFAULT_METRICS_TARGET = OtlpTarget("metrics", endpoint="http://localhost:4318/v1/metrics")
+DEFAULT_PLATFORM = PlatformSettings()
 
 class ConfigError(Exception):
     """One or more invalid settings; ``problems`` holds one line per setting."""
@@ -109,6 +111,8 @@ class Config:
     #: Replay only (SEE_CLOCK_START): the wall clock starts here and runs at real speed, so a
     #: recorded document sequence meets the NotBefore times it was captured with.
     clock_start: datetime | None = None
+    #: The platform command's settings (SEE_PLATFORM_*; docs/semantics.md, "The platform's record").
+    platform: PlatformSettings = DEFAULT_PLATFORM
     #: Settings that are valid but probably wrong (printed by run and check-config).
     warnings: tuple[str, ...] = ()
 
@@ -196,10 +200,14 @@ class Setting:
             return None
         if self.show is not None:
             return self.show(config)
-        holder = config.approval if self.field.startswith("approval.") else config
+        holder: object = config
+        if self.field.startswith("approval."):
+            holder = config.approval
+        elif self.field.startswith("platform."):
+            holder = config.platform
         if self.as_given or holder is None:
             return None
-        value = getattr(holder, self.field.removeprefix("approval."))
+        value = getattr(holder, self.field.split(".")[-1])
         if isinstance(value, (bool, float)):
             return str(value).lower() if isinstance(value, bool) else f"{value:g}"
         return ",".join(value) if isinstance(value, tuple) else str(value)
@@ -408,6 +416,10 @@ def _otlp_metrics(config: Config) -> bool:
     return "otlp" in config.metrics_exporters
 
 
+def _platform(config: Config) -> bool:
+    return config.platform.configured
+
+
 def _hook_set(config: Config) -> bool:
     return bool(config.approval and config.approval.hook)
 
@@ -473,6 +485,34 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             show=lambda c: c.clock_start.isoformat() if c.clock_start else ""),
     Setting("SEE_LOG_LEVEL", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"),
             "one of debug, info, warning, error"),
+    # The platform command's (docs/semantics.md, "The platform's record"); run reads none.
+    Setting("SEE_PLATFORM_QUEUE_URL", "platform.queue_url", platform_settings.queue_url,
+            platform_settings.QUEUE_URL_EXPECTED, when=_platform),
+    Setting("SEE_PLATFORM_QUEUE_CONNECTION_STRING", "platform.queue_connection_string", str,
+            "a Storage connection string (AccountName and AccountKey, or a SAS)", secret=True,
+            when=lambda c: bool(c.platform.queue_connection_string)),
+    Setting("SEE_PLATFORM_QUEUE_NAME", "platform.queue_name", platform_settings.queue_name,
+            platform_settings.QUEUE_NAME_EXPECTED, when=lambda c: bool(c.platform.queue_name)),
+    Setting("SEE_PLATFORM_POLL_INTERVAL", "platform.poll_interval",
+            *_seconds(0.1, 3600, "seconds between receives from an empty queue, "),
+            when=_platform),
+    Setting("SEE_PLATFORM_VISIBILITY_TIMEOUT", "platform.visibility_timeout",
+            *_number(int, 1, 3600, "seconds a received message stays invisible, "),
+            when=_platform),
+    Setting("SEE_PLATFORM_MAX_DEQUEUE", "platform.max_dequeue",
+            *_number(int, 1, 1000, "receives before a message is dead-lettered unread, "),
+            when=_platform),
+    Setting("SEE_PLATFORM_BACKFILL", "platform.backfill",
+            _choice(*platform_settings.BACKFILL_CHOICES),
+            "off, or start (read Resource Graph once at every start)", when=_platform),
+    Setting("SEE_PLATFORM_SUBSCRIPTIONS", "platform.subscriptions",
+            platform_settings.subscriptions,
+            "a comma-separated list of subscription ids (GUIDs) for Resource Graph",
+            when=lambda c: bool(c.platform.subscriptions)),
+    Setting("SEE_PLATFORM_RESOURCE_GRAPH_ENDPOINT", "platform.graph_endpoint",
+            platform_settings.graph_endpoint,
+            "an https:// URL without a path (http:// only to a loopback stand-in)",
+            when=lambda c: c.platform.graph_endpoint != platform_settings.GRAPH_ENDPOINT),
     Setting("SEE_APPROVE", "approval.rules", _rules, RULES_EXPECTED, show=lambda c: ",".join(
         r.text for r in c.approval.rules) if c.approval else " (off)"),
     Setting("SEE_APPROVE_MULTI", "approval.multi", _choice("leader", "any"), "leader or any",
@@ -578,11 +618,13 @@ def _read(row: Setting, env: Mapping[str, str], problems: list[str]) -> Any:
     return _UNSET
 
 
-def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) -> Config:
+def load_config(env: Mapping[str, str] | None = None, *, create: bool = True,
+                command: str = "run") -> Config:
     """Read and validate the configuration; raises :class:`ConfigError` listing every problem.
 
     ``create=False`` (``check-config``) checks that the state directory could be created
-    and written, and leaves the file system as it was.
+    and written, and leaves the file system as it was. ``command`` ``platform`` also asks
+    for what the platform command needs (a queue, a state directory, its extra).
     """
     env = dict(os.environ if env is None else env)
     problems: list[str] = []
@@ -595,12 +637,16 @@ def load_config(env: Mapping[str, str] | None = None, *, create: bool = True) ->
             values[row.field] = value
     approval = {k.removeprefix("approval."): values.pop(k) for k in [*values]
                 if k.startswith("approval.")}
+    platform = {k.removeprefix("platform."): values.pop(k) for k in [*values]
+                if k.startswith("platform.")}
     host, port = Config().prometheus_addr
     scrape = (values.pop("prometheus_host", host), values.pop("prometheus_port", port))
-    config = Config(**values, prometheus_addr=scrape,
+    config = Config(**values, prometheus_addr=scrape, platform=PlatformSettings(**platform),
                     approval=ApprovalConfig(**approval) if "rules" in approval else None,
                     boot_evidence=env.get("SEE_BOOT_ID_FILE", "unset").strip() != "")
     config, more_problems = _checks(config, env, create=create)
+    if command == "platform":
+        more_problems.extend(_check_platform(config))
     # A refused value is not checked again with its default in its place: one line each.
     refused = {_variable_of(p) for p in problems}
     problems.extend(p for p in more_problems if _variable_of(p) not in refused)
@@ -822,6 +868,41 @@ def extras_outside_core(config: Config, env: Mapping[str, str]) -> list[str]:
         warnings.append(extras.outside_core(", ".join(f"{name}='grpc'" for name in chosen),
                                             "OTLP over gRPC", extras.GRPC, ["grpcio"]))
     return [w for w in warnings if w]
+
+
+def _check_platform(config: Config) -> list[str]:
+    """What the platform command needs: one queue (a URL, or a connection string and a
+    name), a state directory (a message is deleted only once its records are in every
+    sink's spool: no spool, no delete), and the platform extra."""
+    settings = config.platform
+    problems = []
+    if settings.queue_url and (settings.queue_connection_string or settings.queue_name):
+        problems.append("SEE_PLATFORM_QUEUE_URL: expected either it or "
+                        "SEE_PLATFORM_QUEUE_CONNECTION_STRING with SEE_PLATFORM_QUEUE_NAME, "
+                        "not both")
+    elif not settings.queue_url and not (settings.queue_connection_string
+                                         and settings.queue_name):
+        named = settings.queue_connection_string or settings.queue_name
+        missing = [name for name, value in (
+            ("SEE_PLATFORM_QUEUE_CONNECTION_STRING", settings.queue_connection_string),
+            ("SEE_PLATFORM_QUEUE_NAME", settings.queue_name)) if not value]
+        problems.append(f"{missing[0] if named else 'SEE_PLATFORM_QUEUE_URL'}: "
+                        "expected the queue Event Grid delivers to: SEE_PLATFORM_QUEUE_URL "
+                        "(managed identity), or SEE_PLATFORM_QUEUE_CONNECTION_STRING and "
+                        "SEE_PLATFORM_QUEUE_NAME")
+    if config.state_dir is None:
+        problems.append("SEE_STATE_DIR='': expected a directory: the platform command deletes "
+                        "a queue message only once its records are in every sink's spool, "
+                        "which lives there")
+    modules = (("azure.storage.queue", "azure.identity")
+               if settings.queue_url or settings.backfill == "start"
+               else ("azure.storage.queue",))
+    absent = extras.missing(extras.PLATFORM, modules)
+    if absent:
+        problems.append(extras.problem("the platform command", "reading the platform's record",
+                                       extras.PLATFORM, absent,
+                                       "the sidecar's run command alone"))
+    return problems
 
 
 def _could_write(path: Path) -> str:

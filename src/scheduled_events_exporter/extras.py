@@ -3,9 +3,11 @@
 ``pip install azure-scheduled-events-exporter`` is the core: IMDS, the console sink, OTLP over
 HTTP and the Prometheus scrape. OTLP over gRPC needs the ``grpc`` extra (grpcio); the Event
 Hubs sink needs the ``eventhubs`` extra (azure-eventhub, and azure-identity for managed
-identity). The slim image is the core alone; the default image has every extra. A route whose
-extra is missing is a configuration problem, found before anything starts and said in one line
-(:func:`problem`), never an ``ImportError`` from inside a sink.
+identity); the ``platform`` command needs the ``platform`` extra (azure-storage-queue, and
+azure-identity for managed identity and Resource Graph). The slim image is the core alone; the
+default image has every extra. A route whose extra is missing is a configuration problem, found
+before anything starts and said in one line (:func:`problem`), never an ``ImportError`` from
+inside a sink.
 
 The line says how to add the extra to *this* install (:class:`Install`): the pip of the
 interpreter that runs (a VM's ``/opt/scheduled-events-exporter/bin/python -m pip``, not
@@ -52,6 +54,8 @@ class Extra:
 GRPC: Final = Extra("grpc", (("grpc", "grpcio"),))
 EVENTHUBS: Final = Extra("eventhubs", (("azure.eventhub", "azure-eventhub"),
                                        ("azure.identity", "azure-identity")))
+PLATFORM: Final = Extra("platform", (("azure.storage.queue", "azure-storage-queue"),
+                                     ("azure.identity", "azure-identity")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,9 @@ import threading
 
 from scheduled_events_exporter.platforms import durable
 
-POINTS = ("before_commit", "after_commit", "after_spool", "after_deliver")
+#: The poll's (and the platform command's) durability steps; ``before_delete``: the platform
+#: command, its records in every spool, before it deletes a queue message.
+POINTS = ("before_commit", "after_commit", "after_spool", "after_deliver", "before_delete")
 TORN_WRITE = "torn_write"
 
 _armed: dict[str, int] = {}

@@ -56,6 +56,9 @@ class HealthInputs:
     #: Downstream checks that also turn /readyz to 503 (SEE_READINESS_INCLUDES); the others
     #: are reported in the body only.
     includes: frozenset[str] = frozenset()
+    #: What a good answer comes from: ``IMDS`` (run), ``platform queue`` (the platform
+    #: command, whose body says ``platform_queue_last_outcome`` instead of IMDS's).
+    source: str = "IMDS"
 
 
 def liveness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
@@ -128,11 +131,12 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
     reasons: list[str] = []
     if refused:
         reasons.append("IMDS refuses the api-version sent (SEE_IMDS_API_VERSION; see the log)")
+    what = "IMDS document" if inputs.source == "IMDS" else f"answer from the {inputs.source}"
     if not fresh:
         reasons.append(
-            "no good IMDS document yet"
+            f"no good {what} yet"
             if age is None
-            else f"last good IMDS document {age:.1f} s ago"
+            else f"last good {what} {age:.1f} s ago"
         )
     downstream = {
         "sinks": failing,
@@ -150,7 +154,7 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
         "readiness_includes": sorted(inputs.includes),
         "last_good_document_age_seconds": None if age is None else round(age, 3),
         "staleness_limit_seconds": inputs.staleness_limit,
-        "imds_last_outcome": inputs.last_outcome(),
+        f"{inputs.source.lower().replace(' ', '_')}_last_outcome": inputs.last_outcome(),
         "sinks": sinks,
         "spool_depth": sum(s.pending for s in statuses),
         "storage": {

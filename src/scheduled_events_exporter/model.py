@@ -42,6 +42,10 @@ class UnreadableItem:
 #: EventStatus values the platform documents; anything else is kept verbatim (docs/lifecycle.md).
 STATUS_SCHEDULED = "Scheduled"
 STATUS_STARTED = "Started"
+#: The platform's own record (Event Grid, Resource Graph) also says how an event ended; IMDS
+#: never does. "Canceled" with one "l", as the platform spells it.
+STATUS_COMPLETED = "Completed"
+STATUS_CANCELED = "Canceled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,18 @@ class Basis(_StrEnum):
     #: A user's reboot or redeploy first seen Started: the VM approves those automatically when
     #: its scheduled events policy says so, and then the platform creates no Scheduled event.
     USER_INITIATED = "user_initiated"
+    #: The platform's own record said so (EventStatus Completed or Canceled in Event Grid or
+    #: Resource Graph): no inference, the ending as Azure recorded it.
+    PLATFORM_RECORD = "platform_record"
+
+
+class Observer(_StrEnum):
+    """Who made a record (``azure.scheduled_event.observer``, the ``Observer`` column): the
+    sidecar watching IMDS on the VM, or the platform's own record read by the ``platform``
+    command (Event Grid through a Storage queue, Resource Graph)."""
+
+    IMDS = "imds"
+    PLATFORM = "platform"
 
 
 #: The platform's documented minimum notice per event type, in seconds (Terminate: 5 min,
@@ -250,4 +266,45 @@ class InstanceInfo:
     zone: str = ""
     scale_set_name: str = ""
     vm_size: str = ""
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmScope:
+    """What a scheduled event's ARM id says about where it happened: the resource the event
+    belongs to (a VM, a scale set or an availability set), read from
+    ``.../providers/Microsoft.Compute/<kind>/<name>/providers/microsoft.maintenance/
+    scheduledevents/<EventId>``. Empty strings where the id does not say."""
+
+    #: ``virtualMachines``, ``virtualMachineScaleSets``, ``availabilitySets`` (ARM's spelling
+    #: whatever the id's case), or the type as written when it is another one; empty when
+    #: the id names no Compute resource (an idmapping alias).
+    kind: str = ""
+    #: The ARM id of that resource, as written (without the scheduled event's part).
+    resource_id: str = ""
+    subscription_id: str = ""
+    resource_group: str = ""
+    name: str = ""
+    #: The VM's or scale set's id when the id is an idmapping alias on it (no name then).
+    vm_id: str = ""
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformChange:
+    """One status change of one event as the platform recorded it (an Event Grid event, or a
+    Resource Graph row), parsed: the tracker's input for the ``platform`` command."""
+
+    #: The event as the platform describes it (``status`` may be Completed or Canceled).
+    event: ScheduledEvent
+    #: The platform's time of the change: ``data.operationalInfo.resourceEventTime`` when
+    #: present, else the envelope's ``eventTime`` (``None``: a Resource Graph row, which has
+    #: no documented time of its last change).
+    changed_at: datetime | None
+    #: Event Grid's id of this delivery (the same on a repeated delivery); empty for Resource
+    #: Graph.
+    delivery_id: str = ""
+    scope: ArmScope = field(default_factory=ArmScope)
+    #: The event's region (``data.resourceInfo.location``), empty when not given.
+    region: str = ""
     unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)

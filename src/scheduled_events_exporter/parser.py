@@ -171,6 +171,13 @@ def parse_document(raw: bytes) -> Document:
                     anomalies=tuple(anomalies))
 
 
+def parse_event(item: object) -> ScheduledEvent:
+    """One event object, as an entry of the IMDS document's ``Events`` (the platform's own record
+    carries the same fields in its ``properties``), its text made valid Unicode. Raises
+    ``ValueError`` saying what was expected and what was seen."""
+    return _valid_unicode(_parse_event(item))
+
+
 def _valid_unicode(event: ScheduledEvent) -> ScheduledEvent:
     """``event`` with every lone surrogate replaced by U+FFFD (the same object when clean).
 

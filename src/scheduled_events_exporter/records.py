@@ -23,6 +23,7 @@ from scheduled_events_exporter.model import (
     DOCUMENTED_MINIMUM_NOTICE,
     Basis,
     InstanceInfo,
+    Observer,
     Transition,
     TransitionKind,
     UnknownFields,
@@ -63,6 +64,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("ScaleSetName", "string"),
     ("RecordId", "string"),
     ("ExporterVersion", "string"),
+    # Last, so that every column before it keeps its position: who made the record.
+    ("Observer", "string"),
 )
 
 _UID_NAMESPACE = uuid.UUID("6f6c3c1e-7a0b-4b8e-9a51-2f5d8f0c9e11")
@@ -81,7 +84,15 @@ class TransitionRecord:
     exporter_version: str = __version__
     #: Position in the exporter's record stream (spool order); 0 when not spooled.
     seq: int = 0
+    #: Who made it (an :class:`~.model.Observer` value). Files written before the platform
+    #: command existed lack it: their records were all the sidecar's.
+    observer: str = Observer.IMDS.value
     unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
+
+    @property
+    def is_platform(self) -> bool:
+        """Made from the platform's own record (the ``platform`` command)."""
+        return self.observer == Observer.PLATFORM.value
 
     @property
     def event_name(self) -> str:
@@ -97,15 +108,22 @@ def rfc3339(moment: datetime) -> str:
             f"{utc.second:02d}.{utc.microsecond // 1000:03d}Z")
 
 
-def record_id(transition: Transition, vm_key: str) -> str:
+def record_id(transition: Transition, vm_key: str,
+              observer: Observer = Observer.IMDS) -> str:
     """A deterministic id for a transition.
 
     Replaying the same document against the same state (after a crash before the state was
-    persisted) yields the same id, so consumers can de-duplicate at-least-once deliveries.
+    persisted) yields the same id, so consumers can de-duplicate at-least-once deliveries. The
+    platform's record of an event gets ids of its own: its EventId case-insensitively and the
+    status, whatever VM or message carried it (a message read again makes the same id).
     """
     event_id = transition.event.event_id if transition.event else ""
     status = transition.event.status if transition.event else ""
     changes = ";".join(f"{c.name}={c.old!r}>{c.new!r}" for c in transition.changes)
+    if observer is Observer.PLATFORM:
+        key = "|".join((observer.value, event_id.casefold(), transition.kind.value,
+                        status.casefold(), changes))
+        return str(uuid.uuid5(_UID_NAMESPACE, key))
     key = "|".join(
         (
             vm_key,
@@ -122,15 +140,19 @@ def record_id(transition: Transition, vm_key: str) -> str:
     return str(uuid.uuid5(_UID_NAMESPACE, key))
 
 
-def make_record(transition: Transition, instance: InstanceInfo, seq: int = 0) -> TransitionRecord:
-    """Wrap a transition for the sinks."""
+def make_record(transition: Transition, instance: InstanceInfo, seq: int = 0,
+                observer: Observer = Observer.IMDS) -> TransitionRecord:
+    """Wrap a transition for the sinks. A platform record's "self" is the VM or VMs it names
+    (``instance.vm_name``: the instance names in Resources, comma-separated)."""
     event = transition.event
+    names = instance.vm_name.split(",") if observer is Observer.PLATFORM else [instance.vm_name]
     return TransitionRecord(
         transition=transition,
         instance=instance,
-        record_id=record_id(transition, instance.vm_id or instance.vm_name),
-        affects_self=bool(event and event.affects(instance.vm_name)),
+        record_id=record_id(transition, instance.vm_id or instance.vm_name, observer),
+        affects_self=bool(event and any(event.affects(name) for name in names)),
         seq=seq,
+        observer=observer.value,
     )
 
 
@@ -184,12 +206,18 @@ def body(record: TransitionRecord) -> str:
     kind = e.event_type or "Event"
     impact = f"{e.duration} s impact" if e.duration >= 0 else "impact duration unknown"
     when = f"not before {rfc3339(e.not_before)[:19]}Z" if e.not_before else "no NotBefore"
+    if record.is_platform and t.kind.is_end:
+        said = {TransitionKind.COMPLETED: "completed", TransitionKind.CANCELLED: "canceled"}
+        verdict = said.get(t.kind, "given up on: no news from the platform's record")
+        return f"{kind} {verdict} for {who} (the platform's record: {e.status})"
     match t.kind:
         case TransitionKind.SCHEDULED:
             return f"{kind} scheduled for {who} {when} ({impact}{_short_notice(t)})"
         case TransitionKind.STARTED if t.outcome_basis == Basis.USER_INITIATED:
             return (f"{kind} started for {who} ({impact}; user-initiated and approved "
                     f"automatically, so never Scheduled)")
+        case TransitionKind.STARTED if record.is_platform:
+            return f"{kind} started for {who} ({impact}; the platform's record)"
         case TransitionKind.STARTED:
             how = " unannounced" if t.unannounced else ""
             first = (f" (first seen already started: {t.outcome_basis})"
@@ -223,7 +251,7 @@ def _short_notice(t: Transition) -> str:
     notice than the platform documents for its type (else empty)."""
     minimum = DOCUMENTED_MINIMUM_NOTICE.get(t.event.event_type) if t.event else None
     if (minimum is None or t.notice is None or t.notice >= minimum
-            or t.outcome_basis != Basis.CONTINUOUS_WATCH):
+            or t.outcome_basis not in (Basis.CONTINUOUS_WATCH, Basis.PLATFORM_RECORD)):
         return ""
     return f"; notice {_span(max(t.notice, 0.0))}, below the documented {_span(minimum)}"
 
@@ -279,7 +307,10 @@ def to_columns(record: TransitionRecord) -> dict[str, ColumnValue]:
         "ScaleSetName": inst.scale_set_name,
         "RecordId": record.record_id,
         "ExporterVersion": record.exporter_version,
+        "Observer": record.observer,
     }
+    if record.is_platform:
+        out["DocumentIncarnation"] = None  # the platform's record has no IMDS document
     return out
 
 
@@ -294,9 +325,11 @@ def to_attributes(record: TransitionRecord) -> Mapping[str, AttributeValue]:
     p = "azure.scheduled_event."
     attrs: dict[str, AttributeValue] = {
         p + "transition": t.kind.value,
-        p + "document_incarnation": t.incarnation,
+        p + "observer": record.observer,
         "log.record.uid": record.record_id,
     }
+    if not record.is_platform:  # the platform's record has no IMDS document
+        attrs[p + "document_incarnation"] = t.incarnation
     if e is not None:
         attrs.update(
             {

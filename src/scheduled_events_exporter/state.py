@@ -25,8 +25,10 @@ from pathlib import Path
 
 from scheduled_events_exporter.codec import (
     UnreadableLine,
+    decode_platform,
     decode_record,
     decode_state,
+    encode_platform,
     encode_record,
     encode_state,
 )
@@ -34,7 +36,7 @@ from scheduled_events_exporter.model import UnknownFields, UnreadableItem
 from scheduled_events_exporter.platforms.durable import replace_durably, write_atomically
 from scheduled_events_exporter.platforms.files import FILES
 from scheduled_events_exporter.records import TransitionRecord
-from scheduled_events_exporter.tracker import TrackerState
+from scheduled_events_exporter.tracker import PlatformState, TrackerState
 from scheduled_events_exporter.write_faults import WriteFault, WriteWatch
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,8 @@ MIGRATIONS: dict[int, Callable[[dict[str, object]], dict[str, object]]] = {}
 FIRST_RELEASED_SCHEMA = 2
 STATE_FILE = "state.json"
 #: The state file's top-level keys this release writes.
-KNOWN_KEYS = frozenset({"schema", "saved_at", "seq", "tracker", "outbox", "approvals"})
+KNOWN_KEYS = frozenset({"schema", "saved_at", "seq", "tracker", "outbox", "approvals",
+                        "platform"})
 #: A state file is a few KB; one far larger is not ours (or is damaged).
 MAX_STATE_BYTES = 64 * 1024 * 1024
 
@@ -75,6 +78,10 @@ class PersistedState:
     #: Outbox records this release cannot read (read only; never written back: they go to
     #: the dead-letter file at start, for each sink whose spool does not have them yet).
     unreadable: tuple[UnreadableLine, ...] = ()
+    #: The platform command's memory (pending and ended events, delivery ids), under the
+    #: top-level key ``platform``; ``None`` in the sidecar's file (an additive key: a release
+    #: without it keeps it as a field it does not know).
+    platform: PlatformState | None = None
     #: Top-level fields a newer release wrote, written back as they were.
     unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
 
@@ -172,6 +179,7 @@ class StateStore:
             seq = max(numbers, default=0)
         approvals = self._read_approvals(data.get("approvals", []))
         tracker = self._read_tracker(data, ignored, raw)
+        platform = self._read_platform(data.get("platform"), ignored)
         unknown = tuple((key, value) for key, value in data.items() if key not in KNOWN_KEYS)
         ignored.update(f"state.{key}" for key, _ in unknown)
         if ignored:
@@ -184,7 +192,20 @@ class StateStore:
                         "spooled it, the rest of the state is kept", self.path,
                         entry.reason[:300])
         return PersistedState(tracker=tracker, seq=seq, outbox=records, approvals=approvals,
-                              unreadable=unreadable, unknown_fields=unknown)
+                              unreadable=unreadable, platform=platform, unknown_fields=unknown)
+
+    def _read_platform(self, raw: object, ignored: set[str]) -> PlatformState | None:
+        """The platform command's memory; when it cannot be read, said, and started afresh
+        (a message the queue delivers again may then make its records a second time, with the
+        same ``log.record.uid``)."""
+        if raw is None:
+            return None
+        try:
+            return decode_platform(raw, ignored)
+        except (ValueError, TypeError, RecursionError) as exc:
+            log.error("state file %s: the platform memory cannot be read (%s); it starts "
+                      "afresh, the rest of the state is kept", self.path, str(exc)[:300])
+            return None
 
     def _read_tracker(self, data: dict[str, object], ignored: set[str],
                       raw: bytes) -> TrackerState:
@@ -256,6 +277,8 @@ class StateStore:
                        *(_raw_entry(u) for u in state.unreadable)],
             "approvals": list(state.approvals),
         }
+        if state.platform is not None:
+            data["platform"] = encode_platform(state.platform)
         for key, value in state.unknown_fields:
             data.setdefault(key, value)  # a newer release's, as it wrote it
         with self.watch.guard():

@@ -67,7 +67,9 @@ ANOMALY_KINDS = ("duplicate_event_id", "invalid_unicode")
 KNOWN_LABELS: dict[str, frozenset[str]] = {
     "type": frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Terminate", ""}),
     "source": frozenset({"Platform", "User", ""}),
-    "status": frozenset({"Scheduled", "Started", "Completed", "Cancelled", "Unknown", ""}),
+    # "Canceled": the platform's own spelling, on the platform command's events.
+    "status": frozenset({"Scheduled", "Started", "Completed", "Cancelled", "Canceled", "Unknown",
+                         ""}),
 }
 #: Well-formed values IMDS may add (a new EventType) pass too, up to this many per label.
 EXTRA_LABEL_VALUES = 8
@@ -296,9 +298,10 @@ class Telemetry:
         source = bound("source", event.source if event else "")
         self._transitions.add(1, {"transition": t.kind.value, "type": kind, "source": source})
         # Only a notice watched from its first document: a first sight after a start or a gap
-        # measures what was left, which would drag the fleet's low percentiles down.
+        # measures what was left, which would drag the fleet's low percentiles down. The
+        # platform's record measures from its own time of scheduling: the whole notice.
         if (t.kind is TransitionKind.SCHEDULED and t.notice is not None and event is not None
-                and t.outcome_basis == Basis.CONTINUOUS_WATCH):
+                and t.outcome_basis in (Basis.CONTINUOUS_WATCH, Basis.PLATFORM_RECORD)):
             # Histograms take non-negative values; a late sighting counts as zero notice.
             self._notice.record(max(t.notice, 0.0), {"type": kind, "source": source})
 

@@ -4,19 +4,27 @@ IMDS has no Completed or Cancelled status: an event simply disappears. The track
 it has seen and turns each change of the document into transitions. No I/O and no clock reads:
 ``now`` is an argument, so every rule is unit-testable and replaying the same inputs yields the
 same outputs.
+
+The platform's own record (the ``platform`` command) goes through the same tracker with its own
+rules (:func:`track_platform`): one change of one event at a time, never backwards, its
+terminal statuses taken as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import TypeVar
 
 from scheduled_events_exporter.model import (
     ITEMS_OF,
+    STATUS_CANCELED,
+    STATUS_STARTED,
     Basis,
     Document,
     FieldChange,
+    PlatformChange,
     ScheduledEvent,
     Transition,
     TransitionKind,
@@ -35,10 +43,13 @@ UPDATE_FIELDS: tuple[str, ...] = (
 
 FieldValue = str | int | list[str] | None
 
-#: Status reported after a removal (not an IMDS value: IMDS just drops the event).
+#: Status reported after a removal (not an IMDS value: IMDS just drops the event; "Completed"
+#: is also the platform's word).
 STATUS_COMPLETED = "Completed"
 STATUS_CANCELLED = "Cancelled"
 STATUS_UNKNOWN = "Unknown"
+
+_T = TypeVar("_T")
 
 #: Event types whose run reboots (or moves) this VM: a changed boot id proves they ran.
 REBOOTING_TYPES = frozenset({"reboot", "redeploy"})
@@ -339,3 +350,158 @@ class _Maker:
             previous_incarnation=previous_incarnation,
             outcome_basis=outcome_basis.value if outcome_basis is not None else None,
         )
+
+
+# --- the platform's own record (docs/lifecycle.md, "The platform's record") ---
+
+#: What the platform command remembers beyond pending events, so that a repeated delivery or a
+#: late message makes no second record: an ended event, and an Event Grid delivery id, for
+#: ``PLATFORM_MEMORY_SECONDS`` (Event Grid retries for 24 h, a queue message lives 7 days by
+#: default) and at most ``PLATFORM_MEMORY_ENTRIES`` of each (the oldest forgotten first).
+PLATFORM_MEMORY_SECONDS = 8 * 86400.0
+PLATFORM_MEMORY_ENTRIES = 20_000
+#: A pending event the platform said nothing more of for this long is given up on
+#: (``outcome_unknown``): the longest documented notice is 7 days (degraded hardware).
+PLATFORM_PENDING_SECONDS = 14 * 86400.0
+
+#: Why :func:`track_platform` made no record of a change.
+DUPLICATE_DELIVERY = "duplicate_delivery"
+ALREADY_SEEN = "already_seen"
+OLDER_THAN_KNOWN = "older_than_known"
+AFTER_ITS_END = "after_its_end"
+
+
+@dataclass(frozen=True, slots=True)
+class EndedEvent:
+    """An event the platform recorded as ended: its final status and when it was noted."""
+
+    status: str
+    at: datetime
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformState:
+    """What the platform command remembers: pending events by EventId (compared
+    case-insensitively, so keyed by its casefold), ended events and Event Grid delivery ids
+    seen, both in the order they were noted (bounded: :func:`expire_platform`)."""
+
+    events: Mapping[str, KnownEvent] = field(default_factory=dict)
+    ended: Mapping[str, EndedEvent] = field(default_factory=dict)
+    deliveries: Mapping[str, datetime] = field(default_factory=dict)
+    unknown_fields: UnknownFields = field(default=(), compare=False, repr=False)
+
+
+def platform_rank(status: str) -> int:
+    """Where a status stands in an event's life: Scheduled (and any status the platform may
+    add) 0, Started 1, Completed or Canceled 2. An event never moves to a lower rank."""
+    folded = status.casefold()
+    if folded == STATUS_STARTED.casefold():
+        return 1
+    if folded in (STATUS_COMPLETED.casefold(), STATUS_CANCELED.casefold(), "cancelled"):
+        return 2
+    return 0
+
+
+def track_platform(state: PlatformState, change: PlatformChange, now: datetime
+                   ) -> tuple[PlatformState, tuple[Transition, ...], str]:
+    """The platform's rules for one change: the new state, its transitions, and when it makes
+    none the reason (:data:`DUPLICATE_DELIVERY`, :data:`ALREADY_SEEN`,
+    :data:`OLDER_THAN_KNOWN`, :data:`AFTER_ITS_END`).
+
+    A delivery id seen before, or an EventId already at this status (the dedup rule; a status
+    of the same rank counts as this status), makes no record; nor does a status below the one
+    known (the queue does not keep order: a Scheduled
+    read after its Started is late, not a step back), nor anything after an end. Completed and
+    Canceled are terminal, with ``outcome_basis`` ``platform_record``; an auto-approved user
+    event goes Started → Completed without ever being Scheduled. A transition's time is the
+    platform's time of the change when the record has one, else ``now``.
+    """
+    if change.delivery_id and change.delivery_id in state.deliveries:
+        return state, (), DUPLICATE_DELIVERY
+    deliveries = dict(state.deliveries)
+    if change.delivery_id:
+        deliveries[change.delivery_id] = now
+    state = replace(state, deliveries=deliveries)
+    event = change.event
+    key = event.event_id.casefold()
+    if key in state.ended:
+        return state, (), AFTER_ITS_END
+    at = change.changed_at or now
+    make = _Maker(now=at, incarnation=0, gap=None)
+    basis = Basis.PLATFORM_RECORD
+    known = state.events.get(key)
+    rank = platform_rank(event.status)
+    events = dict(state.events)
+    if known is not None:
+        old_rank = platform_rank(known.event.status)
+        if rank < old_rank:
+            return state, (), OLDER_THAN_KNOWN
+        if rank == old_rank:
+            # The same status again (the dedup rule), or a status the platform may add beside
+            # Scheduled: at most one record per (EventId, status), so no going back and forth.
+            return state, (), ALREADY_SEEN
+    previous = known.event.status if known is not None else None
+    elapsed = (at - known.status_since).total_seconds() if known is not None else None
+    if rank == 2:
+        events.pop(key, None)
+        ended = {**state.ended, key: EndedEvent(event.status, now)}
+        cancelled = event.status.casefold() != STATUS_COMPLETED.casefold()
+        kind = TransitionKind.CANCELLED if cancelled else TransitionKind.COMPLETED
+        observed = None if cancelled else bool(known is not None and known.event.is_started)
+        transition = make(kind, event, previous_status=previous, observed_start=observed,
+                          elapsed=elapsed, outcome_basis=basis)
+        return replace(state, events=events, ended=ended), (transition,), ""
+    if known is None:
+        events[key] = KnownEvent(event, first_seen=at, status_since=at)
+        if rank == 1:
+            # Started first: a user's operation approved automatically never had a Scheduled;
+            # otherwise its Scheduled was not read (yet): never called unannounced here.
+            first = Basis.USER_INITIATED if event.is_user_initiated else basis
+            transition = make(TransitionKind.STARTED, event, unannounced=False,
+                              outcome_basis=first)
+        else:
+            # The whole notice when the platform says when it was scheduled; a Resource Graph
+            # row does not, and a notice from whenever it was read would be a guess.
+            notice = (None if change.changed_at is None or event.not_before is None
+                      else (event.not_before - change.changed_at).total_seconds())
+            transition = make(TransitionKind.SCHEDULED, event, notice=notice,
+                              outcome_basis=basis)
+        return replace(state, events=events), (transition,), ""
+    assert known is not None
+    events[key] = replace(known, event=event, status_since=at)
+    transition = make(TransitionKind.STARTED, event, previous_status=previous,
+                      unannounced=False, elapsed=elapsed, outcome_basis=basis)
+    return replace(state, events=events), (transition,), ""
+
+
+def expire_platform(state: PlatformState, now: datetime,
+                    memory: float = PLATFORM_MEMORY_SECONDS,
+                    entries: int = PLATFORM_MEMORY_ENTRIES,
+                    pending: float = PLATFORM_PENDING_SECONDS,
+                    ) -> tuple[PlatformState, tuple[Transition, ...]]:
+    """Keep the platform command's memory bounded: ended events and delivery ids older than
+    ``memory`` seconds, or beyond ``entries`` of each, are forgotten (the oldest first); a
+    pending event with no news for ``pending`` seconds ends as ``outcome_unknown``
+    (``observation_gap``: the platform's record said nothing more)."""
+    def recent(items: Mapping[str, _T], when: Callable[[_T], datetime]) -> dict[str, _T]:
+        kept = [(k, v) for k, v in items.items() if (now - when(v)).total_seconds() <= memory]
+        return dict(kept[-entries:]) if entries > 0 else {}
+
+    ended = recent(state.ended, lambda e: e.at)
+    deliveries = recent(state.deliveries, lambda at: at)
+    events = dict(state.events)
+    transitions: list[Transition] = []
+    for key, known in state.events.items():
+        if (now - known.status_since).total_seconds() > pending:
+            del events[key]
+            ended[key] = EndedEvent(STATUS_UNKNOWN, now)
+            transitions.append(_Maker(now=now, incarnation=0, gap=None)(
+                TransitionKind.OUTCOME_UNKNOWN, replace(known.event, status=STATUS_UNKNOWN),
+                previous_status=known.event.status,
+                elapsed=(now - known.status_since).total_seconds(),
+                outcome_basis=Basis.OBSERVATION_GAP))
+    if (len(ended), len(deliveries), len(events)) == (
+            len(state.ended), len(state.deliveries), len(state.events)):
+        return state, ()
+    return replace(state, events=events, ended=ended, deliveries=deliveries), tuple(transitions)

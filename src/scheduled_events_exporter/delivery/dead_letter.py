@@ -154,6 +154,17 @@ def unreadable(sink: str, seq: int | None, content: object, reason: str,
                       payload=content)
 
 
+def refused_message(source: str, kind: str, reason: str, message_id: str,
+                    content: str) -> DeadLetter:
+    """The letter of a message the platform command could not read (``kind``: not_json,
+    not_an_event, unknown_schema, too_large, dequeued_too_often): the message as received, in
+    ``payload``, with its queue message id in ``record_id``; no ``record`` (there is none to
+    redeliver), so ``redeliver`` skips it."""
+    return DeadLetter(time=rfc3339(datetime.now(timezone.utc)), sink=source, status=kind,
+                      reason=reason[:500], event_id="", transition="", record_id=message_id,
+                      seq=-1, payload=content)
+
+
 class DeadLetterFile:
     """Appends :class:`DeadLetter` lines to ``directory/dead-letter.jsonl`` (fsynced)."""
 

@@ -84,6 +84,10 @@ class SinkStatus:
     #: The seconds the peer asked to pause for (Retry-After, RetryInfo), while that request is
     #: the pause in force; 0 while the pause is our backoff after failures (or none runs).
     pause_asked: float = 0.0
+    #: Highest record sequence number this sink's spool holds durably (its append returned);
+    #: without a spool, the highest it was given. The platform command deletes a queue message
+    #: only once every sink's is at least its records' last.
+    spooled_seq: int = 0
 
 
 #: Counts a failure: (sink, signal, count); the ``export.failures`` metric.

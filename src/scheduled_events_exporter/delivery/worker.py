@@ -399,6 +399,8 @@ class DeliveryWorker:
                 letters_removed=(self._dead_letter.removed_of(self.name)
                                  if self._dead_letter is not None else 0),
                 pause_asked=self._pause.asked() if self._queue else 0.0,
+                # (An int read, no lock: the spool's appends run on the submitting thread.)
+                spooled_seq=self._spool.last_seq if self._spool is not None else self._seq,
             )
 
     def _run(self) -> None:
