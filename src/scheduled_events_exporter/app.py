@@ -156,13 +156,13 @@ class Exporter:
         self._telemetry = self.telemetry
         self.store = StateStore(config.state_dir) if config.state_dir else None
         persisted = self.store.load() if self.store else None
-        for sink in self.sinks:
-            sink.start(self.telemetry.resource, self.telemetry.per_event_metrics)
         # The start in its one order (delivery/start.py): spools read, the outbox repaired,
         # the numbers counted, then a redeliver request; a request that fails waits.
         begun = start.begin(config.state_dir, persisted, [s.delivery for s in self.sinks],
                             self.clock.wall(), self.clock.monotonic)
         self.pending_request = begun.pending
+        for sink in self.sinks:  # their threads, now that the start decided what waits
+            sink.start(self.telemetry.resource, self.telemetry.per_event_metrics)
         if config.state_dir is not None:
             for name, count in waiting_elsewhere(config.state_dir / "spool", config.sinks):
                 log.warning("spool of sink %s holds %d undelivered records, but %s is not in "

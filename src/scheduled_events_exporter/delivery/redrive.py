@@ -1,19 +1,19 @@
 """Dead letters back into their sinks' spools, once the cause is fixed (``redeliver``).
 
 A message queue's dead-letter queue has a redrive (SQS's message-move task, for one); ours is
-``dead-letter.jsonl``. :func:`plan` reads it (and ``dead-letter.jsonl.1``) and picks the letters
+``dead-letter.jsonl`` and its older generations. :func:`plan` reads them and picks the letters
 asked for: every one, or one sink's, one EventId's, those since a time; each must still be a
 record this release can read and must not have been redelivered before. :func:`apply` appends
-them to their sink's spool, in their original order, with their original ``log.record.uid``
-and new sequence numbers after everything the state directory has used (the exporter takes
-its next sequence number past every spool's), and then marks each letter ``redelivered`` (the
-time and the new sequence number) by rewriting the dead-letter files atomically. The exporter
-delivers them at its next start, as any spooled record.
+them to their sink's spool, all or none, in their original order, with their original
+``log.record.uid`` and new sequence numbers after the last one taken, and then marks each
+letter ``redelivered`` (the time and the sequence number) by rewriting the dead-letter files
+atomically. A letter whose record already waits in its spool (a crash came between the letter
+and the record's acknowledgement, or between a put-back and its mark) is only marked.
 
-The caller holds the state directory's lock: the exporter reads its spools only at start, so
-the two never write them at once. A crash between the append and the marking leaves the
-letters unmarked: run again, they are appended again and delivered twice, with the same
-``log.record.uid`` (at least once, as everywhere).
+Who numbers them: ``redeliver`` run by hand (the state directory's lock held, the exporter
+stopped) numbers after the state file, its outbox and every spool, and first appends the
+outbox's records to each spool it writes that lacks them; the exporter's start, and its poll
+thread for a request that had to wait, number after what they took (delivery/start.py).
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from scheduled_events_exporter.state import read_outbox
 SINKS = frozenset({"console", "otlp", "eventhubs"})
 #: Why a letter put back before is skipped (said as a count, not a line each).
 ALREADY = "already redelivered"
-STILL_WAITING = ("its record is still waiting in its sink's spool (a crash came between the "
-                 "letter and the acknowledgement): the next start sends it again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +65,14 @@ class Letter:
 
 @dataclass(frozen=True, slots=True)
 class Taken:
-    """A letter :func:`apply` puts back, with the record it holds."""
+    """A letter :func:`apply` puts back, with the record it holds; ``waiting``: the sequence
+    number under which its sink's spool already holds that record (a crash came between the
+    letter and the record's acknowledgement, or between putting it back and marking it): then
+    the letter is only marked, and the record is not appended a second time."""
 
     letter: Letter
     record: TransitionRecord
+    waiting: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,7 @@ def plan(directory: Path, selection: Selection) -> Plan:
 def _scan(directory: Path, wanted: Callable[[Letter], bool]) -> Plan:
     taken: list[Taken] = []
     skipped: list[Skipped] = []
-    waiting: dict[str, set[str]] = {}
+    waiting: dict[str, dict[str, int]] = {}
     for path in letter_files(directory):
         for number, raw in enumerate(_lines(path)):
             try:
@@ -130,17 +132,15 @@ def _scan(directory: Path, wanted: Callable[[Letter], bool]) -> Plan:
             if not wanted(letter):
                 continue
             why, record = _readable(item, letter)
-            if record is not None and letter.sink in SINKS:
-                if letter.sink not in waiting:
-                    waiting[letter.sink] = waiting_ids(directory / "spool", letter.sink)
-                if record.record_id in waiting[letter.sink]:
-                    # A crash came between its letter and its acknowledgement: the next
-                    # start sends it again anyway, and putting it back would send it twice.
-                    why, record = STILL_WAITING, None
             if record is None:
                 skipped.append(Skipped(letter, why))
-            else:
-                taken.append(Taken(letter, record))
+                continue
+            if letter.sink not in waiting:
+                waiting[letter.sink] = waiting_ids(directory / "spool", letter.sink)
+            # Already waiting in its spool (a crash came between the letter and its
+            # acknowledgement, or between putting it back and the mark): the next start sends
+            # it anyway, so it is marked, not appended again (that would send it twice).
+            taken.append(Taken(letter, record, waiting[letter.sink].get(record.record_id)))
     return Plan(tuple(taken), tuple(skipped))
 
 
@@ -241,6 +241,9 @@ def apply(directory: Path, plan: Plan, now: datetime, *, after: int | None = Non
         done: list[tuple[Taken, int]] = []
         by_sink: dict[str, list[TransitionRecord]] = {}
         for item in plan.taken:
+            if item.waiting is not None:
+                done.append((item, item.waiting))
+                continue
             seq += 1
             by_sink.setdefault(item.letter.sink, []).append(replace(item.record, seq=seq))
             done.append((item, seq))

@@ -294,16 +294,17 @@ def waiting_elsewhere(directory: Path, sinks: Collection[str]) -> list[tuple[str
     return found
 
 
-def waiting_ids(directory: Path, sink: str) -> set[str]:
-    """The record ids ``sink``'s spool holds above its ack cursor, read only (nothing is cut
-    or rewritten: ``redeliver --dry-run`` reads it too); empty when it cannot be read."""
+def waiting_ids(directory: Path, sink: str) -> dict[str, int]:
+    """The record ids ``sink``'s spool holds above its ack cursor, with the sequence number of
+    the last line holding each; read only (nothing is cut or rewritten: ``redeliver
+    --dry-run`` reads it too); empty when it cannot be read."""
     try:
         data = (directory / f"{sink}.log").read_bytes()
         cursor = _cursor((directory / f"{sink}.ack").read_text().strip()) \
             if (directory / f"{sink}.ack").exists() else 0
     except (OSError, ValueError):
-        return set()
-    out = set()
+        return {}
+    out: dict[str, int] = {}
     for line in data[:data.rfind(b"\n") + 1].splitlines():
         try:
             item = json.loads(line)
@@ -313,7 +314,7 @@ def waiting_ids(directory: Path, sink: str) -> set[str]:
         record = item.get("record") if isinstance(item, dict) else None
         rid = record.get("record_id") if isinstance(record, dict) else None
         if seq is not None and seq > cursor and isinstance(rid, str):
-            out.add(rid)
+            out[rid] = seq
     return out
 
 

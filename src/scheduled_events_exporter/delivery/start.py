@@ -8,8 +8,9 @@ the records committed earlier reach the spools: a letter put back ahead of an ou
 made the spool skip the outbox record for good. :func:`begin` therefore runs, with the state
 directory's lock held:
 
-1. each sink's delivery starts: its spool is read (a torn tail cut, lines this release cannot
-   read dead-lettered);
+1. each sink's spool is read (a torn tail cut, lines this release cannot read dead-lettered);
+   the sinks' threads start only after :func:`begin` (the caller starts them), so nothing is
+   delivered, and acknowledged, while the start decides what waits where;
 2. the state file's outbox is appended to each spool that lacks it (records committed just
    before a crash); a spool that cannot be written keeps them in memory, and the state file
    keeps them in its outbox until it can (:class:`~scheduled_events_exporter.state.
@@ -65,24 +66,27 @@ class Begun:
 def begin(directory: Path | None, persisted: PersistedState | None,
           workers: Sequence[DeliveryWorker], now: datetime,
           monotonic: Callable[[], float] = time.monotonic) -> Begun:
-    """Run the start in order (module docstring); ``workers``: every configured sink's."""
+    """Run the start in order (module docstring); ``workers``: every configured sink's, not
+    started yet (the caller starts them afterwards)."""
     outbox = persisted.outbox if persisted else ()
     unreadable = persisted.unreadable if persisted else ()
     unlettered: list[UnreadableLine] = []
     for worker in workers:
-        worker.start()
+        worker.open()  # its thread starts last: nothing is delivered while the start runs
         if outbox or unreadable:
             # Repair a crash between committing the state and spooling its records.
             unlettered.extend(e for e in worker.recover(outbox, unreadable)
                               if e not in unlettered)
     seq = max([persisted.seq if persisted else 0, *(r.seq for r in outbox),
                *(w.status().last_seq for w in workers)])
-    if directory is None:
-        return Begun(seq, None, tuple(unlettered))
-    seq = max(seq, redrive.last_spooled(directory / "spool", exclude={w.name for w in workers}))
-    pending = PendingRequest(directory, workers, monotonic)
-    seq = pending.attempt(seq, now)
-    return Begun(seq, pending if pending.waiting else None, tuple(unlettered))
+    pending = None
+    if directory is not None:
+        seq = max(seq, redrive.last_spooled(directory / "spool",
+                                            exclude={w.name for w in workers}))
+        pending = PendingRequest(directory, workers, monotonic)
+        seq = pending.attempt(seq, now)
+    return Begun(seq, pending if pending is not None and pending.waiting else None,
+                 tuple(unlettered))
 
 
 class PendingRequest:

@@ -74,12 +74,12 @@ class PlatformService:
         self._telemetry = self.telemetry
         self.store = StateStore(config.state_dir)
         persisted = self.store.load()
-        for sink in self.sinks:
-            sink.start(self.telemetry.resource, self.telemetry.per_event_metrics)
         # The start in its one order, as the sidecar's (delivery/start.py).
         begun = start.begin(config.state_dir, persisted, [s.delivery for s in self.sinks],
                             self.clock.wall(), self.clock.monotonic)
         self.pending_request = begun.pending
+        for sink in self.sinks:  # their threads, now that the start decided what waits
+            sink.start(self.telemetry.resource, self.telemetry.per_event_metrics)
         state = persisted.platform if persisted and persisted.platform else PlatformState()
         if persisted:
             log.info("platform state restored: %d pending events, %d ended, %d delivery ids "
