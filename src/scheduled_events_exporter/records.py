@@ -63,6 +63,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("ScaleSetName", "string"),
     ("RecordId", "string"),
     ("ExporterVersion", "string"),
+    # Which observer made the record: "imds" (this sidecar) or "platform" (Azure's own record,
+    # read by the platform command). Last, so that tables created before it only gain a column.
+    ("Observer", "string"),
 )
 
 _UID_NAMESPACE = uuid.UUID("6f6c3c1e-7a0b-4b8e-9a51-2f5d8f0c9e11")
@@ -279,6 +282,7 @@ def to_columns(record: TransitionRecord) -> dict[str, ColumnValue]:
         "ScaleSetName": inst.scale_set_name,
         "RecordId": record.record_id,
         "ExporterVersion": record.exporter_version,
+        "Observer": "imds",
     }
     return out
 
