@@ -338,3 +338,29 @@ def test_the_exporters_real_records_reconcile_with_the_platforms() -> None:
     figures = rc.agreement(rc.verdicts(ours + theirs))
     assert figures[(SUB_A, rc.ALL_TYPES)].agreement_percent == 50.0
     assert rc.uncovered_vms(ours + theirs) == []
+
+
+# ------------------------------------------------------------------------------- dashboards
+
+DASHBOARD_PACKS = {
+    "scheduled-events-log-analytics.json": "eventhubs",
+    "scheduled-events-app-insights.json": "appinsights",
+    "scheduled-events-azure-monitor-otlp.json": "otel",
+}
+
+
+def test_every_log_dashboard_runs_both_queries_of_its_pack() -> None:
+    dashboards = {name: d for name, d, _ in ch.kql_dashboards()}
+    assert set(DASHBOARD_PACKS) <= set(dashboards)
+    for name, pack in DASHBOARD_PACKS.items():
+        panels = {p["title"]: p for p in ch.iter_panels(dashboards[name])}
+        for title, query in (("Verdict agreement with the platform's record",
+                              "verdict-agreement.kql"),
+                             ("VMs with platform events and no exporter", "uncovered-vms.kql")):
+            panel = panels[title]
+            assert panel["type"] == "table", (name, title)
+            (target,) = panel["targets"]
+            logs = target["azureLogAnalytics"]
+            # The pack's query as it is, its comments left in the file: one logic to check.
+            assert logs["query"] == _code(ch.KQL_DIR / pack / query), (name, title)
+            assert logs["resources"] == ["$workspace"] and logs["resultFormat"] == "table"
