@@ -54,6 +54,20 @@ def test_every_pack_classifies_with_the_one_table(path: Path) -> None:
     assert datatable_rows(path.read_text(encoding="utf-8")) == list(rc.CLASSIFICATION)
 
 
+ALERT_VARIABLES = ("kqlVerdictEventHubs", "kqlVerdictOtlp", "kqlVerdictAppInsights")
+
+
+@pytest.mark.parametrize("variable", ALERT_VARIABLES)
+def test_the_alert_rule_classifies_with_the_one_table(variable: str) -> None:
+    text = ch.load_json(ch.AZURE_DIR / "alert-rules.json")["variables"][variable]
+    assert datatable_rows(text) == list(rc.CLASSIFICATION)
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("//"))
+    # It fires on the class bug alone, for pairs with a final status on both sides.
+    assert f'where Class == "{rc.BUG}"' in code and "lookup kind=inner PlatformFinals" in code
+    assert 'Observer = iff(isempty(Observer), "imds", Observer)' in code
+    assert "tolower(EventId)" in code
+
+
 def test_the_table_check_sees_a_changed_cell() -> None:
     text = VERDICT_QUERIES[0].read_text(encoding="utf-8")
     changed = text.replace('"cancelled", "*", "Completed", "bug"',
