@@ -73,10 +73,11 @@ def containers(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
 CHECKOV_CONFIG = REPO / "charts" / "checkov.yaml"
 
 
-def checkov(directory: Path, config: Path | None = None) -> dict[str, Any]:
-    """checkov's JSON report on the manifests in ``directory`` (offline), with ``config`` as its
-    configuration file when given."""
-    done = run(tool("checkov"), "-d", str(directory), "--framework", "kubernetes", "-o", "json",
+def checkov(directory: Path, config: Path | None = None,
+            frameworks: tuple[str, ...] = ("kubernetes",)) -> dict[str, Any]:
+    """checkov's JSON report on the files in ``directory`` (offline; Kubernetes manifests unless
+    other frameworks are named), with ``config`` as its configuration file when given."""
+    done = run(tool("checkov"), "-d", str(directory), "--framework", *frameworks, "-o", "json",
                "--skip-download", *(["--config-file", str(config)] if config else []),
                check=False)
     report = json.loads(done.stdout)

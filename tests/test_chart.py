@@ -46,7 +46,7 @@ pytestmark = pytest.mark.timeout(600)
 VALUES = [None, *CI_VALUES]
 IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
 REQUIRED_CI = {"host-network", "eventhubs-secret", "eventhubs-workload-identity",
-               "emptydir-state", "monitoring"}
+               "emptydir-state", "monitoring", "platform-feed"}
 
 
 def rendered(values: Path | None, *more: str) -> list[dict[str, Any]]:
@@ -801,6 +801,92 @@ def test_every_checkov_skip_is_needed(tmp_path: Path) -> None:
     accepted = set(accepted_checks())
     assert accepted, "charts/checkov.yaml skips nothing? then this test proves nothing"
     assert failed == accepted, (sorted(accepted - failed), sorted(failed - accepted))
+
+
+# --- the platform process (platform.enabled) -----------------------------------------------
+
+PLATFORM_VALUES = CHART / "ci" / "platform-feed-values.yaml"
+
+
+def platform_objects(*more: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    docs = rendered(PLATFORM_VALUES, *more)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"
+                  and d["metadata"]["name"] == pod_spec(deployment)["serviceAccountName"]]
+    return deployment, account
+
+
+def test_no_platform_process_unless_asked() -> None:
+    assert not [d for d in rendered(None) if d["kind"] == "Deployment"]
+
+
+def test_the_platform_process_is_one_replica_reading_the_queue_as_its_identity() -> None:
+    deployment, account = platform_objects()
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    (container,) = pod_spec(deployment)["containers"]
+    assert container["command"] == ["scheduled-events-exporter"] and container["args"] == [
+        "platform"]
+    env = env_of(container)
+    assert env["SEE_PLATFORM_QUEUE_URL"]["value"] == (
+        "https://seeplatformfeed.queue.core.windows.net/scheduled-events")
+    # The same sinks as the DaemonSet's exporter; nothing about IMDS.
+    assert env["SEE_SINKS"] == env_of(exporter(rendered(PLATFORM_VALUES)))["SEE_SINKS"]
+    assert not {"SEE_POLL_INTERVAL", "SEE_IMDS_ENDPOINT", "SEE_STALENESS_LIMIT"} & set(env)
+    assert "service.instance.id=$(POD_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+    # Workload identity: the pod label, and the client id on its own service account.
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["azure.workload.identity/use"] == "true"
+    assert account["metadata"]["annotations"] == {
+        "azure.workload.identity/client-id": "00000000-0000-0000-0000-000000000000"}
+    assert {p["name"] for p in container["ports"]} >= {"health"}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_nothing_that_selects_the_exporters_selects_the_platform_process() -> None:
+    docs = rendered(PLATFORM_VALUES, "--set", "podMonitor.enabled=true",
+                    "--set", "service.enabled=true")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert set(pod_labels) >= FULL_LABELS and pod_labels["app.kubernetes.io/component"] == \
+        "platform-feed"
+    selectors = [d["spec"]["selector"]["matchLabels"] for d in docs
+                 if d["kind"] in ("DaemonSet", "PodMonitor")]
+    selectors += [d["spec"]["podSelector"]["matchLabels"] for d in docs
+                  if d["kind"] == "NetworkPolicy"]
+    selectors += [d["spec"]["selector"] for d in docs if d["kind"] == "Service"]
+    (own,) = [d for d in docs if d["kind"] == "NetworkPolicy"
+              and d["metadata"]["name"] == deployment["metadata"]["name"]]
+    selectors.remove(own["spec"]["podSelector"]["matchLabels"])
+    assert own["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert {p["port"] for rule in own["spec"]["egress"] for p in rule["ports"]} >= {53, 443}
+    assert len(selectors) == 4
+    for selector in selectors:
+        assert not selector.items() <= pod_labels.items(), selector
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--set", "platform.queueUrl="], "platform.queueUrl=\"\": expected the queue's URL"),
+    (["--set", "platform.queueUrl=http://acct.queue.core.windows.net/q1q"], "platform.queueUrl="),
+    (["--set", "platform.queueUrl=https://acct.queue.core.windows.net/"], "platform.queueUrl="),
+    (["--set", "platform.queueUrI=x"], "additional properties 'queueUrI' not allowed"),
+], ids=["empty", "plain http", "no queue", "misspelt key"])
+def test_the_platform_values_are_checked(args: list[str], says: str) -> None:
+    done = helm("template", "x", str(CHART), "-f", str(PLATFORM_VALUES), *args, check=False)
+    assert done.returncode != 0 and says in done.stderr, done.stderr
+
+
+def test_the_platform_state_may_be_a_claim_and_extra_variables_replace_the_charts() -> None:
+    deployment, _ = platform_objects(
+        "--set", "platform.state.existingClaim=see-platform-state",
+        "--set", "platform.extraEnv[0].name=SEE_LOG_LEVEL",
+        "--set", "platform.extraEnv[0].value=debug")
+    (state,) = [v for v in pod_spec(deployment)["volumes"] if v["name"] == "state"]
+    assert state == {"name": "state",
+                     "persistentVolumeClaim": {"claimName": "see-platform-state"}}
+    (container,) = pod_spec(deployment)["containers"]
+    assert [e["value"] for e in container["env"] if e["name"] == "SEE_LOG_LEVEL"] == ["debug"]
 
 
 # --- one source: config/k8s and kustomize -------------------------------------------------

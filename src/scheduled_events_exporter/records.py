@@ -64,7 +64,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("ScaleSetName", "string"),
     ("RecordId", "string"),
     ("ExporterVersion", "string"),
-    # Last, so that every column before it keeps its position: who made the record.
+    # Which observer made the record: "imds" (this sidecar) or "platform" (Azure's own record,
+    # read by the platform command). Last, so that tables created before it only gain a column.
     ("Observer", "string"),
 )
 

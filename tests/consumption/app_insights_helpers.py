@@ -30,7 +30,7 @@ APP_INSIGHTS_MAPPING_NOTE = (
     "column names. It selects our\n// records by the presence of azure.scheduled_event.transition "
     "(AppTraces has no event name).")
 #: Queries written for AppTraces/AppMetrics themselves rather than translated.
-OWN_QUERIES = frozenset({"silent-exporters.kql"})
+OWN_QUERIES = frozenset({"silent-exporters.kql", "uncovered-vms.kql"})
 
 _TYPED = re.compile(r'\b(toint|toreal|tobool|todynamic)\(Properties\[("[^"]+")\]\)')
 

@@ -39,6 +39,13 @@ SCHEMA_FILES = (
     "2023-12-01/Microsoft.Insights.json",
     "2024-01-01/Microsoft.EventHub.json",
 )
+#: Schemas of config/azure/platform-feed.json (Event Grid, Storage), from the same repository.
+#: Looked for in the same directory but not required by the others: where they are missing, only
+#: that template's validation is skipped, saying which files to add.
+OPTIONAL_SCHEMA_FILES = {
+    "Microsoft.EventGrid": "2025-02-15/Microsoft.EventGrid.json",
+    "Microsoft.Storage": "2025-01-01/Microsoft.Storage.json",
+}
 
 
 def _schema_dir() -> Path | None:
@@ -60,6 +67,16 @@ MISSING = "" if SCHEMA_DIR is not None else (
     "the repository's directory or in tests/consumption/data/arm-schemas; fetched "
     "material is not committed to this repository"
 )
+
+
+def missing_provider_schemas(template: dict[str, Any]) -> list[str]:
+    """The optional schema files a template's resource types need and the directory lacks."""
+    providers = {r.get("type", "").split("/")[0] for r in template.get("resources", [])}
+    return sorted(name for provider, name in OPTIONAL_SCHEMA_FILES.items()
+                  if provider in providers
+                  and (SCHEMA_DIR is None or not (SCHEMA_DIR / name).is_file()))
+
+
 BASE_URI = "https://schema.management.azure.com/schemas/"
 DEPLOYMENT_TEMPLATE = BASE_URI + "2019-04-01/deploymentTemplate.json"
 _KINDS = (
@@ -126,24 +143,31 @@ EXTENSIBLE_ENUM_PROBLEMS = (
 )
 
 _PARAM = re.compile(r"parameters\('(\w+)'\)")
-_FORMAT = re.compile(r"^\[format\('([^']*)'((?:,\s*parameters\('\w+'\))*)\)\]$")
+_FORMAT = re.compile(r"^\[format\('([^']*)'((?:,\s*(?:parameters\('\w+'\)|'[^']*'))*)\)\]$")
 
 
-def leaf_name(name: str, parameters: dict[str, Any]) -> str:
+def leaf_name(name: str, parameters: dict[str, Any], *, whole: bool = False) -> str:
     """The resource's own name (last segment) with parameter defaults filled in: the schemas'
     name constraints describe that segment, while a template names a child resource by its whole
     path (``namespace/hub/consumer group``). Other expressions are returned unchanged."""
 
     def default(param: str) -> str:
-        return str(parameters.get(param, {}).get("defaultValue", "x")) or "x"
+        # A parameter without a default (a name the user must choose) stands for a value of
+        # the length it asks for at least.
+        spec = parameters.get(param, {})
+        return str(spec.get("defaultValue", "")) or "x" * max(1, int(spec.get("minLength", 1)))
+
+    def argument(arg: str) -> str:
+        literal = re.fullmatch(r"'([^']*)'", arg)
+        return literal[1] if literal else default(_PARAM.findall(arg)[0])
 
     match = _FORMAT.match(name)
     if match:
-        args = [default(a) for a in _PARAM.findall(match[2])]
+        args = [argument(a) for a in re.findall(r"parameters\('\w+'\)|'[^']*'", match[2])]
         name = re.sub(r"\{(\d+)\}", lambda m: args[int(m[1])], match[1])
     elif re.fullmatch(r"\[parameters\('\w+'\)\]", name):
         name = default(_PARAM.findall(name)[0])
-    return name.rsplit("/", 1)[-1]
+    return name if whole else name.rsplit("/", 1)[-1]
 
 
 def _validator(schema: dict[str, Any]) -> jsonschema.Draft4Validator:
@@ -165,8 +189,14 @@ def validate_template(template: dict[str, Any]) -> list[SchemaProblem]:
             continue
         schema = {"allOf": [{"$ref": DEPLOYMENT_TEMPLATE + "#/definitions/resourceBase"},
                             {"$ref": ref}]}
-        checked = {**res, "name": leaf_name(res.get("name", ""), template.get("parameters", {}))}
-        for error in _validator(schema).iter_errors(checked):
+        params = template.get("parameters", {})
+        checked = {**res, "name": leaf_name(res.get("name", ""), params)}
+        errors = list(_validator(schema).iter_errors(checked))
+        if any(list(e.path)[:1] == ["name"] for e in errors):
+            # A few schemas describe the whole path instead (queueServices: "^.*/default$").
+            whole = {**res, "name": leaf_name(res.get("name", ""), params, whole=True)}
+            errors = min(errors, list(_validator(schema).iter_errors(whole)), key=len)
+        for error in errors:
             best = jsonschema.exceptions.best_match([error])
             if any(res.get("type") == rtype and rx.search(best.message)
                    for rtype, rx in EXTENSIBLE_ENUM_PROBLEMS):
@@ -208,6 +238,24 @@ def _object_shapes(schema: Any, base: str) -> Iterator[tuple[dict[str, Any], str
         yield schema, base
 
 
+def _matching_variants(shapes: list[tuple[dict[str, Any], str]],
+                       instance: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The variants of a discriminated union (oneOf whose members fix a property to an enum,
+    such as an Event Grid destination's endpointType) that the instance's values select; all of
+    them when none does. Without this, a key of the selected variant's nested object would be
+    looked up in the first variant that declares the same property name."""
+    def selects(shape: dict[str, Any]) -> bool:
+        for key, sub in shape.get("properties", {}).items():
+            enum = sub.get("enum") if isinstance(sub, dict) else None
+            value = instance.get(key)
+            if enum and isinstance(value, str) and not value.startswith("[") and value not in enum:
+                return False
+        return True
+
+    selected = [(s, b) for s, b in shapes if selects(s)]
+    return selected or shapes
+
+
 def undeclared_keys(instance: Any, schema: Any, base: str, path: str = "") -> Iterator[
     tuple[str, str]
 ]:
@@ -220,7 +268,7 @@ def undeclared_keys(instance: Any, schema: Any, base: str, path: str = "") -> It
         return
     if not isinstance(instance, dict):
         return
-    shapes = list(_object_shapes(schema, base))
+    shapes = _matching_variants(list(_object_shapes(schema, base)), instance)
     if not shapes or any(s.get("additionalProperties") not in (None, False) for s, _ in shapes):
         return
     declared: dict[str, tuple[Any, str]] = {}

@@ -388,11 +388,19 @@ def app_insights_dashboards() -> dict[str, Any]:
     return {p.name: load_json(p) for p in sorted(APP_INSIGHTS_GRAFANA_DIR.glob("*.json"))}
 
 
+def native_otlp_kql_dashboards() -> dict[str, Any]:
+    """The native OTLP route's dashboards, by file name: PromQL panels on the Azure Monitor
+    workspace, and the reconciliation panels' KQL on OTelLogs."""
+    return {p.name: load_json(p) for p in sorted((GRAFANA_DIR / "native-otlp").glob("*.json"))}
+
+
 def kql_dashboards() -> list[tuple[str, Any, tuple[str, ...]]]:
-    """(name, dashboard, tables its KQL may read) of every Azure Monitor Logs dashboard."""
+    """(name, dashboard, tables its KQL may read) of every dashboard with Azure Monitor Logs
+    panels."""
     return [
         *((n, d, landing_tables("eventhubs")) for n, d in grafana_dashboards().items()),
         *((n, d, landing_tables("appinsights")) for n, d in app_insights_dashboards().items()),
+        *((n, d, landing_tables("otel")) for n, d in native_otlp_kql_dashboards().items()),
     ]
 
 

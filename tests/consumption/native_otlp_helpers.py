@@ -52,6 +52,13 @@ def native_otlp_dashboards() -> dict[str, Any]:
     return {p.name: ch.load_json(p) for p in sorted(NATIVE_OTLP_GRAFANA_DIR.glob("*.json"))}
 
 
+def prometheus_targets(panel: dict[str, Any]) -> list[dict[str, Any]]:
+    """A panel's PromQL targets; the reconciliation panels read OTelLogs through Azure Monitor
+    (KQL, analysed with the query packs) and have none."""
+    return [t for t in panel.get("targets", [])
+            if t.get("datasource", {}).get("type") == "prometheus"]
+
+
 def native_otlp_rule_files() -> list[Path]:
     """Prometheus rule files for the native OTLP route."""
     return sorted(NATIVE_OTLP_RULES_DIR.glob("*.yaml"))

@@ -135,12 +135,13 @@ def test_template_references_resolve(path: Path) -> None:
 ALERT_RULES = ch.load_json(ALERTS)["resources"]
 
 
-def test_alert_rules_cover_the_three_conditions() -> None:
+def test_alert_rules_cover_the_four_conditions() -> None:
     names = {r["properties"]["displayName"] for r in ALERT_RULES}
-    assert len(ALERT_RULES) == 3
+    assert len(ALERT_RULES) == 4
     assert any("15 minutes" in n for n in names)
     assert any("unannounced" in n.lower() for n in names)
     assert any("silent" in n.lower() for n in names)
+    assert any("disagrees with the platform" in n for n in names)
 
 
 @pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda r: r["name"])

@@ -26,7 +26,7 @@ def test_file_has_header(path: Path) -> None:
         data = ch.load_json(path)
         description = data.get("description") or data.get("metadata", {}).get("description")
         assert isinstance(description, str) and len(description) > 20
-    elif suffix in (".kql", ".js"):
+    elif suffix in (".kql", ".js", ".bicep"):
         assert text.startswith("// ")
     elif suffix == ".md":
         assert text.startswith("# ")

@@ -105,6 +105,8 @@ def test_query_pack_covers_every_landing_path() -> None:
         "silent-exporters.kql",
         "unknown-outcomes.kql",
         "late-first-sight.kql",
+        "verdict-agreement.kql",
+        "uncovered-vms.kql",
     }
     assert required <= eventhubs
     assert eventhubs == otel == appinsights

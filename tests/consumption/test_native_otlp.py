@@ -36,7 +36,7 @@ def dashboard_exprs() -> list[tuple[str, str]]:
     out = []
     for name, dashboard in DASHBOARDS.items():
         for panel in ch.iter_panels(dashboard):
-            for target in panel.get("targets", []):
+            for target in nh.prometheus_targets(panel):
                 where = f"{name}#panel{panel['id']}/{target['refId']}"
                 for function, expr in nh.expand_temporality(target["expr"]):
                     out.append((f"{where}/{function}" if function else where,
@@ -140,7 +140,7 @@ def test_the_dashboard_reads_counters_as_the_chosen_temporality_says() -> None:
         assert [o["value"] for o in variable["options"]] == ["increase", "sum_over_time"]
         assert variable["current"]["value"] == "increase"  # the SDK's default, cumulative
         for panel in ch.iter_panels(dashboard):
-            for target in panel.get("targets", []):
+            for target in nh.prometheus_targets(panel):
                 expr = target["expr"]
                 assert not any(f in expr for f in CUMULATIVE_ONLY), f"{name}#{panel['id']}"
 
@@ -159,11 +159,23 @@ def test_dashboard_type_checks(tsc_errors: dict[str, list[str]]) -> None:
 
 
 def test_dashboard_uses_the_prometheus_data_source() -> None:
+    # Metrics from the Azure Monitor workspace (Prometheus); the reconciliation panels alone read
+    # OTelLogs in the Log Analytics workspace, through a data source variable of their own.
     for name, dashboard in DASHBOARDS.items():
         assert dashboard["uid"] and dashboard["description"], name
+        logs = 0
         for panel in ch.iter_panels(dashboard):
             for target in panel["targets"]:
-                assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+                if target in nh.prometheus_targets(panel):
+                    assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+                    continue
+                logs += 1
+                assert target["datasource"] == {"type": "grafana-azure-monitor-datasource",
+                                                "uid": "${logs}"}, panel["title"]
+                query = target["azureLogAnalytics"]
+                assert query["resources"] == ["$workspace"]
+                assert ch.OTEL_LOGS_TABLE in query["query"], panel["title"]
+        assert logs == 2, name
 
 
 def test_rules_are_not_fed_to_promtool_2() -> None:

@@ -39,6 +39,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- toYaml (merge $own (.Values.podLabels | default dict)) }}
 {{- end }}
 
+{{/* The platform process's labels: the full set, with its own name (so that nothing the
+     DaemonSet, its Service, monitors or NetworkPolicy select includes it) and a component. */}}
+{{- define "see.platformSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "see.name" . | trunc 54 | trimSuffix "-" }}-platform
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "see.platformLabels" -}}
+{{- $labels := include "see.labels" . | fromYaml }}
+{{- $labels = merge (include "see.platformSelectorLabels" . | fromYaml) (dict "app.kubernetes.io/component" "platform-feed") $labels }}
+{{- toYaml $labels }}
+{{- end }}
+
+{{- define "see.platformName" -}}
+{{- include "see.fullname" . | trunc 54 | trimSuffix "-" }}-platform
+{{- end }}
+
 {{- define "see.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "see.fullname" .) .Values.serviceAccount.name }}
@@ -261,8 +278,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* OTEL_RESOURCE_ATTRIBUTES: where this pod runs, from the downward API (NODE_NAME, POD_NAME
      and POD_NAMESPACE are set before it, so $(...) expands), plus config.resourceAttributes. */}}
 {{- define "see.resourceAttributes" -}}
-{{- $attrs := list (printf "service.instance.id=%s" .Values.config.serviceInstanceId) "k8s.node.name=$(NODE_NAME)" "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" (printf "cloud.platform=%s" .Values.config.cloudPlatform) }}
-{{- range $key, $value := .Values.config.resourceAttributes }}
+{{- include "see.resourceAttributesOf" (dict "root" . "instance" .Values.config.serviceInstanceId) }}
+{{- end }}
+
+{{/* The same for a given service.instance.id: the platform process is one per release, named
+     after its pod, wherever it runs. */}}
+{{- define "see.resourceAttributesOf" -}}
+{{- $v := .root.Values }}
+{{- $attrs := list (printf "service.instance.id=%s" .instance) "k8s.node.name=$(NODE_NAME)" "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" (printf "cloud.platform=%s" $v.config.cloudPlatform) }}
+{{- range $key, $value := $v.config.resourceAttributes }}
 {{- $attrs = append $attrs (printf "%s=%s" $key (toString $value)) }}
 {{- end }}
 {{- join "," $attrs }}
@@ -271,25 +295,45 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The exporter's environment: the chart's variables, each replaced by an extraEnv entry of the
      same name, then extraEnv. No name appears twice (server-side apply refuses that). */}}
 {{- define "see.env" -}}
-{{- $v := .Values }}
+{{- include "see.envOf" (dict "root" . "platform" false) }}
+{{- end }}
+
+{{/* The platform process's environment (platform.enabled): the same sinks, state directory,
+     health and metrics settings as the exporter's, no IMDS settings (it reads a queue, not IMDS),
+     SEE_PLATFORM_QUEUE_URL, then platform.extraEnv. */}}
+{{- define "see.platformEnv" -}}
+{{- include "see.envOf" (dict "root" . "platform" true) }}
+{{- end }}
+
+{{- define "see.envOf" -}}
+{{- $root := .root }}
+{{- $platform := .platform }}
+{{- $v := $root.Values }}
 {{- $env := list }}
 {{- $env = append $env (dict "name" "NODE_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))) }}
 {{- $env = append $env (dict "name" "POD_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name"))) }}
 {{- $env = append $env (dict "name" "POD_NAMESPACE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) }}
-{{- $env = append $env (dict "name" "SEE_SINKS" "value" (include "see.sinks" .)) }}
+{{- $env = append $env (dict "name" "SEE_SINKS" "value" (include "see.sinks" $root)) }}
+{{- if $platform }}
+{{- $env = append $env (dict "name" "SEE_PLATFORM_QUEUE_URL" "value" $v.platform.queueUrl) }}
+{{- else }}
 {{- $env = append $env (dict "name" "SEE_POLL_INTERVAL" "value" (toString $v.config.pollInterval)) }}
 {{- $env = append $env (dict "name" "SEE_IMDS_ENDPOINT" "value" $v.config.imdsEndpoint) }}
+{{- end }}
 {{- $env = append $env (dict "name" "SEE_STATE_DIR" "value" "/var/lib/scheduled-events-exporter") }}
 {{- $env = append $env (dict "name" "SEE_HEALTH_ADDR" "value" (printf "0.0.0.0:%v" $v.ports.health)) }}
+{{- if not $platform }}
 {{- $env = append $env (dict "name" "SEE_STALENESS_LIMIT" "value" (toString $v.config.stalenessLimit)) }}
+{{- end }}
 {{- if $v.config.readinessIncludes }}
 {{- $env = append $env (dict "name" "SEE_READINESS_INCLUDES" "value" (join "," $v.config.readinessIncludes)) }}
 {{- end }}
 {{- $env = append $env (dict "name" "SEE_SHUTDOWN_TIMEOUT" "value" (toString $v.config.shutdownTimeout)) }}
 {{- $env = append $env (dict "name" "SEE_LOG_LEVEL" "value" $v.config.logLevel) }}
 {{- $env = append $env (dict "name" "OTEL_SERVICE_NAME" "value" $v.config.serviceName) }}
-{{- $env = append $env (dict "name" "OTEL_RESOURCE_ATTRIBUTES" "value" (include "see.resourceAttributes" .)) }}
-{{- $env = append $env (dict "name" "OTEL_METRICS_EXPORTER" "value" (include "see.metricsExporters" .)) }}
+{{- $instance := ternary "$(POD_NAME)" $v.config.serviceInstanceId $platform }}
+{{- $env = append $env (dict "name" "OTEL_RESOURCE_ATTRIBUTES" "value" (include "see.resourceAttributesOf" (dict "root" $root "instance" $instance))) }}
+{{- $env = append $env (dict "name" "OTEL_METRICS_EXPORTER" "value" (include "see.metricsExporters" $root)) }}
 {{- if $v.prometheus.enabled }}
 {{- $env = append $env (dict "name" "OTEL_EXPORTER_PROMETHEUS_HOST" "value" "0.0.0.0") }}
 {{- $env = append $env (dict "name" "OTEL_EXPORTER_PROMETHEUS_PORT" "value" (toString $v.ports.metrics)) }}
@@ -312,13 +356,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $env = append $env (dict "name" "SEE_EVENTHUB_METRICS_NAME" "value" $v.eventhubs.metricsName) }}
 {{- end }}
 {{- end }}
+{{- $extra := ternary $v.platform.extraEnv $v.extraEnv $platform }}
 {{- $replaced := dict }}
-{{- range $v.extraEnv }}{{ $_ := set $replaced .name true }}{{ end }}
+{{- range $extra }}{{ $_ := set $replaced .name true }}{{ end }}
 {{- $out := list }}
 {{- range $env }}
 {{- if not (hasKey $replaced .name) }}{{ $out = append $out . }}{{ end }}
 {{- end }}
-{{- toYaml (concat $out $v.extraEnv) }}
+{{- toYaml (concat $out $extra) }}
 {{- end }}
 
 {{/* The exporter's container: the DaemonSet's, and the one config/k8s/'s sidecar examples are
