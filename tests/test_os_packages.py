@@ -41,13 +41,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from scheduled_events_exporter import RELEASE
 from tests.peers.otlp_standin import OtlpHttpStandIn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,6 +54,7 @@ UNIT = "scheduled-events-exporter.service"
 ENV_FILE = "/etc/scheduled-events-exporter/env"
 STATE = "/var/lib/scheduled-events-exporter"
 ROOTS = ("bookworm", "trixie", "sid")
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "")
 
 pytestmark = [
@@ -104,10 +103,12 @@ def build(out: Path, cache: Path, version: str | None) -> Build:
 def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     top = tmp_path_factory.mktemp("packages")
     top.chmod(0o755)
+    # The wheels, downloaded once for both builds (SEE_PACKAGE_WHEEL_CACHE keeps them longer).
+    cache = Path(os.environ.get("SEE_PACKAGE_WHEEL_CACHE") or top / "wheel-cache")
     started = time.monotonic()
-    a = build(top / "a", top / "wheel-cache", None)
+    a = build(top / "a", cache, None)
     # B: the same code, a later version (as the next commit's build would be).
-    b = build(top / "b", top / "wheel-cache", a.version + ".next")
+    b = build(top / "b", cache, a.version + ".next")
     return Builds(a, b, time.monotonic() - started)
 
 
@@ -155,12 +156,13 @@ class Root:
     path: Path
     builds: Builds
     times: dict[str, float] = field(default_factory=dict)
+    pythons: list[str] = field(default_factory=list)
 
     def prefix(self, *, net: bool) -> list[str]:
         command = ["bwrap", "--bind", str(self.path), "/", "--dev", "/dev", "--proc", "/proc",
                    "--tmpfs", "/tmp", "--ro-bind", str(self.builds.a.deb.parent.parent), "/pkgs",
                    "--die-with-parent", "--clearenv",
-                   "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                   "--setenv", "PATH", PATH,
                    "--setenv", "HOME", "/root", "--setenv", "LANG", "C.UTF-8",
                    "--setenv", "DEBIAN_FRONTEND", "noninteractive"]
         if not net:
@@ -278,10 +280,23 @@ def check_build(root: Root, build: Build, waiting: set[str]) -> None:
     assert [v.name for v in venvs] == [os.readlink(root.file(f"{PREFIX}/current"))[6:]]
 
 
+def verify_unit(root: Root) -> None:
+    """systemd-analyze verify (the host's systemd: none runs in the root) of the installed unit,
+    with the root's /opt/scheduled-events-exporter where the unit's ExecStart= looks."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze missing: .ci/run installs Debian's systemd package")
+    done = subprocess.run(["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                           "--tmpfs", "/opt", "--bind", str(root.file(PREFIX)), PREFIX, "--",
+                           analyze, "verify", str(root.file(f"/usr/lib/systemd/system/{UNIT}"))],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stdout + done.stderr) == (0, ""), done.stdout + done.stderr
+
+
 def walk(root: Root) -> None:
     """Steps 1 to 7 of the module's docstring in one root."""
     a, b = root.builds.a, root.builds.b
-    stub = root.file("/usr/local/sbin/systemctl")
+    stub = root.file("/usr/bin/systemctl")  # dpkg runs maintainer scripts with its own PATH
     stub.write_text(SYSTEMCTL)
     stub.chmod(0o755)
     root.file("/run/systemd/system").mkdir(parents=True, exist_ok=True)
@@ -296,10 +311,22 @@ def walk(root: Root) -> None:
     assert not any(c.startswith(("start", "restart")) for c in root.calls()), root.calls()
     check_build(root, a, set())
     assert root.file(ENV_FILE).stat().st_mode & 0o777 == 0o600
-    root.times["python"] = root.python()  # type: ignore[assignment]
+    root.pythons.append(root.python())
+    verify_unit(root)
+    # Debian unstable's other interpreters (3.15: the newest CPython) from the same wheelhouse,
+    # offline, through the install step an administrator runs for another interpreter.
+    for other in sorted(root.file("/usr/bin").glob("python3.1[0-9]")):
+        if other.name != os.readlink(root.file("/usr/bin/python3")):
+            done = root.run("env", f"SCHEDULED_EVENTS_EXPORTER_PYTHON={other.name}",
+                            f"{PREFIX}/libexec/install-venv")
+            assert done.returncode == 0, done.stderr
+            root.pythons.append(root.python())
+            assert root.pythons[-1].startswith(f"Python {other.name[6:]}."), root.pythons
+            check_build(root, a, set())
 
     # 2. Configure; the exporter runs with the collector down: records wait in the spool.
-    sim = InRoot(root, "scheduled-events-exporter", "simulate", "--port", str(sim_port := free_port()),
+    sim_port = free_port()
+    sim = InRoot(root, "scheduled-events-exporter", "simulate", "--port", str(sim_port),
                  "--scenario", "live-migration", "--speed", "300")
     try:
         env = configure(root, sim_port, f"http://127.0.0.1:{free_port()}", free_port())
@@ -349,7 +376,8 @@ def walk(root: Root) -> None:
     done = root.apt("remove", "azure-scheduled-events-exporter")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"disable {UNIT}" in root.calls()
-    assert not root.file(PREFIX).exists() and not root.file("/usr/bin/scheduled-events-exporter").is_symlink()
+    assert not root.file(PREFIX).exists()
+    assert not root.file("/usr/bin/scheduled-events-exporter").is_symlink()
     assert root.file(ENV_FILE).read_text() == good
     assert root.waiting() == spooled
     before = len(root.calls())
@@ -380,7 +408,9 @@ def test_the_deb_installs_upgrades_rolls_back_and_purges(name: str, roots: Path,
                                                          builds: Builds) -> None:
     root = Root(name, roots / name, builds)
     walk(root)
-    print(f"{name}: {root.times} (packages built in {builds.seconds:.0f} s)")
+    print(f"{name}: {', '.join(root.pythons)}; seconds: {root.times}; packages built in "
+          f"{builds.seconds:.0f} s ({builds.a.deb.stat().st_size / 1e6:.0f} MB .deb, "
+          f"{builds.a.rpm.stat().st_size / 1e6:.0f} MB .rpm)")
 
 
 # ------------------------------------------------------------------ the wheelhouse, offline
@@ -389,7 +419,8 @@ def _build_packages_module() -> object:
     import importlib.machinery
     import importlib.util
 
-    loader = importlib.machinery.SourceFileLoader("build_packages", str(REPO / "tools" / "build-packages"))
+    loader = importlib.machinery.SourceFileLoader("build_packages",
+                                                  str(REPO / "tools" / "build-packages"))
     spec = importlib.util.spec_from_loader("build_packages", loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
@@ -478,10 +509,10 @@ def test_the_rpm_installs_upgrades_downgrades_and_erases_in_a_root(roots: Path,
 
     times = {}
     assert rpm("--initdb").returncode == 0
-    for step, args, expected in (("install", ("-i", "--nodeps", str(builds.a.rpm)), builds.a),
-                                 ("upgrade", ("-U", "--nodeps", str(builds.b.rpm)), builds.b),
-                                 ("downgrade", ("-U", "--nodeps", "--oldpackage", str(builds.a.rpm)),
-                                  builds.a)):
+    a, b = str(builds.a.rpm), str(builds.b.rpm)
+    for step, args, expected in (("install", ("-i", "--nodeps", a), builds.a),
+                                 ("upgrade", ("-U", "--nodeps", b), builds.b),
+                                 ("downgrade", ("-U", "--nodeps", "--oldpackage", a), builds.a)):
         started = time.monotonic()
         done = rpm(*args)
         timed(times, step, started)
