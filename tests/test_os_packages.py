@@ -268,9 +268,9 @@ def run_exporter(root: Root, env: dict[str, str], until: object, timeout: float)
     exporter = InRoot(root, "scheduled-events-exporter", "run", env=env)
     try:
         wait_for("the exporter", until, timeout)
-    finally:
-        out = exporter.stop()
-    return out
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}; the exporter said:\n{exporter.stop()[-3000:]}") from None
+    return exporter.stop()
 
 
 def check_build(root: Root, build: Build, waiting: set[str]) -> None:
@@ -327,7 +327,7 @@ def walk(root: Root) -> None:
     # 2. Configure; the exporter runs with the collector down: records wait in the spool.
     sim_port = free_port()
     sim = InRoot(root, "scheduled-events-exporter", "simulate", "--port", str(sim_port),
-                 "--scenario", "live-migration", "--speed", "300")
+                 "--scenario", "live-migration", "--speed", "100", "--loop")
     try:
         env = configure(root, sim_port, f"http://127.0.0.1:{free_port()}", free_port())
         done = root.run("scheduled-events-exporter", "check-config", "--unit",
@@ -387,7 +387,7 @@ def walk(root: Root) -> None:
     check_build(root, a, spooled)
     with OtlpHttpStandIn() as collector:
         sim = InRoot(root, "scheduled-events-exporter", "simulate", "--port", str(sim_port),
-                     "--scenario", "live-migration", "--speed", "300")
+                     "--scenario", "live-migration", "--speed", "100", "--loop")
         try:
             env = configure(root, sim_port, collector.endpoint, free_port())
             run_exporter(root, env, lambda: spooled <= {r.uid for r in collector.accepted}, 60)
