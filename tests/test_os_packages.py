@@ -554,3 +554,26 @@ def test_the_rpm_installs_upgrades_downgrades_and_erases_in_a_root(
     # %config(noreplace): an edited file is kept on erase, as .rpmsave.
     assert (path / (ENV_FILE + ".rpmsave").lstrip("/")).read_text().endswith("SEE_SINKS=console\n")
     print(f"rpm --root: {times}")
+
+
+# ------------------------------------------------------------ CI's Debian pins per release
+
+def test_ci_debian_pins_follow_the_debian_release(roots: Path, builds: Builds) -> None:
+    """.ci/debian-pins.sh, run in each root, gives that release's set: Debian 12's versions in
+    the bookworm root, Debian 13's in the trixie root, bare names in unstable. (That the
+    Debian 13 set installs in a Debian 13 root was shown once by hand: apt-get install of the
+    whole set in the trixie root, every package at its pinned version; it needs the network and
+    two minutes, so CI does not repeat it.)"""
+    script = (REPO / ".ci" / "debian-pins.sh").read_text()
+    sets = {name: re.search(rf"^{name}=\((.*?)^\)", script, re.S | re.M) for name in
+            ("bookworm", "trixie")}
+    expected = {name: re.findall(r'"([^"]+)"', found.group(1)) for name, found in sets.items()
+                if found}
+    expected["sid"] = [pin.split("=", 1)[0] for pin in expected["bookworm"]]
+    for name in ROOTS:
+        root = Root(name, roots / name, builds)
+        (root.path / "tmp-pins.sh").write_text(script)
+        done = root.run("bash", "/tmp-pins.sh")
+        (root.path / "tmp-pins.sh").unlink()
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == expected[name], (name, done.stdout)
