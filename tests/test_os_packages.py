@@ -504,15 +504,32 @@ def test_the_rpm_reads_right(builds: Builds) -> None:
         assert (REPO / "packaging" / "scripts" / hook).read_text().strip() in scripts, hook
 
 
-def test_rpmlint_finds_no_error(builds: Builds) -> None:
+#: rpmlint's errors (its default, openSUSE-minded policy) that these packages make on purpose.
+RPMLINT_ACCEPTED = {
+    # /opt is the FHS's place for an add-on package that is not the distribution's (the
+    # issue's layout; the OpenTelemetry Collector contrib and Azure's own agents use it too).
+    "dir-or-file-in-opt": "an add-on package, not the distribution's",
+    # The environment file may hold an Event Hubs connection string or OTLP headers.
+    "non-readable": "/etc/scheduled-events-exporter/env is 0600: it may hold a secret",
+    # The release signs every file with Sigstore (cosign sign-blob), not with a GPG key rpm knows.
+    "no-signature": "signed with Sigstore bundles beside the file",
+    # nFPM writes no %changelog; the project's is CHANGELOG.md.
+    "no-changelogname-tag": "the changelog is CHANGELOG.md",
+    # The native code is inside the wheels (zip files) of this architecture's wheelhouse.
+    "no-binary": "architecture-specific wheels, no ELF file of its own",
+}
+
+
+def test_rpmlint_finds_no_error_but_those_accepted(builds: Builds) -> None:
     rpmlint = shutil.which("rpmlint")
     if rpmlint is None:
         pytest.fail("rpmlint missing: .ci/run installs Debian's rpmlint")
     done = subprocess.run([rpmlint, str(builds.a.rpm)], capture_output=True, text=True,
                           timeout=300, check=False)
-    print(done.stdout)
-    errors = [line for line in done.stdout.splitlines() if ": E: " in line]
-    assert not errors, done.stdout
+    kinds = {line.split(": E: ", 1)[1].split()[0] for line in done.stdout.splitlines()
+             if ": E: " in line}
+    assert kinds - set(RPMLINT_ACCEPTED) == set(), done.stdout
+    assert "dir-or-file-in-opt" in kinds  # the lint ran and read the payload
 
 
 def test_the_rpm_installs_upgrades_downgrades_and_erases_in_a_root(
