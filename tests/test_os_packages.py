@@ -74,6 +74,7 @@ def timed(log: dict[str, float], name: str, start: float) -> None:
 @dataclass(frozen=True)
 class Build:
     version: str  # what `scheduled-events-exporter version` prints
+    package: str  # the package's version (dpkg's and rpm's)
     deb: Path
     rpm: Path
 
@@ -95,9 +96,9 @@ def build(out: Path, cache: Path, version: str | None) -> Build:
     assert done.returncode == 0, done.stderr[-3000:]
     (deb,) = out.glob("*.deb")
     (rpm,) = out.glob("*.rpm")
-    printed = re.search(r"exporter (\S+), package", done.stderr)
+    printed = re.search(r"exporter (\S+), package (\S+), in", done.stderr)
     assert printed, done.stderr
-    return Build(printed.group(1), deb, rpm)
+    return Build(printed.group(1), printed.group(2), deb, rpm)
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +109,11 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     cache = Path(os.environ.get("SEE_PACKAGE_WHEEL_CACHE") or top / "wheel-cache")
     started = time.monotonic()
     a = build(top / "a", cache, None)
-    # B: the same code, a later version (as the next commit's build would be).
-    b = build(top / "b", cache, a.version + ".next")
+    # B: the same code, a later version in both dpkg's and rpm's order (one more segment), as
+    # the next commit's build would be.
+    later = a.package + (".1" if "+" in a.package else "+1")
+    b = build(top / "b", cache, later)
+    assert b.package == later
     return Builds(a, b, time.monotonic() - started)
 
 
