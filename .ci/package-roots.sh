@@ -8,7 +8,8 @@
 # systemd-analyze verify on the host).
 #
 #   .ci/package-roots.sh DIR     builds DIR/bookworm, DIR/trixie, DIR/sid, all three at once
-#                                (each ~80 s, mostly downloads), then writes DIR/done
+#                                (each ~80 s, mostly downloads), then writes DIR/done; and
+#                                DIR/finished at its end, whatever happened
 #
 # .ci/run starts it in the background at its beginning, so the roots are ready when pytest
 # reaches the package tests (which otherwise build them themselves, the same way, through this
@@ -26,7 +27,7 @@ dir=${1:?usage: .ci/package-roots.sh DIR}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$dir"
 chmod 755 "$dir"  # apt downloads as _apt into the roots
-rm -f "$dir"/done "$dir"/*.failed
+rm -f "$dir"/done "$dir"/finished "$dir"/*.failed
 
 build() {  # build NAME SUITE PACKAGES
   local name=$1 suite=$2 packages=$3 root="$dir/$1"
@@ -64,4 +65,5 @@ for i in "${!pids[@]}"; do
 done
 echo "package roots: built in $((SECONDS - started)) s"
 [ "$status" = 0 ] && touch "$dir/done"
+echo "$status" >"$dir/finished"
 exit $status

@@ -86,34 +86,41 @@ class Builds:
     seconds: float
 
 
-def build(out: Path, cache: Path, version: str | None) -> Build:
-    env = {k: v for k, v in os.environ.items() if k != "SCHEDULED_EVENTS_EXPORTER_VERSION"}
-    if version:
-        env["SCHEDULED_EVENTS_EXPORTER_VERSION"] = version
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "build-packages"), str(out),
-                           "--arch", ARCH, "--cache", str(cache)], env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+def wait_for_file(path: Path, failed: Path, timeout: float) -> None:
+    """Wait, with a deadline, for what .ci/run started in the background to write ``path``
+    (or ``failed``)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert path == failed or not failed.exists(), failed.read_text()
+        assert time.monotonic() < deadline, f"{path} not written within {timeout} s"
+        time.sleep(1)
+
+
+def built(out: Path, log: str) -> Build:
     (deb,) = out.glob("*.deb")
     (rpm,) = out.glob("*.rpm")
-    printed = re.search(r"exporter (\S+), package (\S+), in", done.stderr)
-    assert printed, done.stderr
+    printed = re.search(r"exporter (\S+), package (\S+), in", log)
+    assert printed, log
     return Build(printed.group(1), printed.group(2), deb, rpm)
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
-    top = tmp_path_factory.mktemp("packages")
-    top.chmod(0o755)
-    # The wheels, downloaded once for both builds (SEE_PACKAGE_WHEEL_CACHE keeps them longer).
-    cache = Path(os.environ.get("SEE_PACKAGE_WHEEL_CACHE") or top / "wheel-cache")
+    """A (this tree, as tools/build-packages names it) and B (the same code, a later version):
+    .ci/package-builds.sh's, which .ci/run started at its beginning (SEE_PACKAGE_BUILDS), or
+    made here by that script."""
     started = time.monotonic()
-    a = build(top / "a", cache, None)
-    # B: the same code, a later version in both dpkg's and rpm's order (one more segment), as
-    # the next commit's build would be.
-    later = a.package + (".1" if "+" in a.package else "+1")
-    b = build(top / "b", cache, later)
-    assert b.package == later
+    given = os.environ.get("SEE_PACKAGE_BUILDS")
+    if given:
+        where = Path(given)
+        wait_for_file(where / "done", where / "failed", 1200)
+    else:
+        where = tmp_path_factory.mktemp("packages")
+        done = subprocess.run(["bash", str(REPO / ".ci" / "package-builds.sh"), str(where)],
+                              capture_output=True, text=True, timeout=1500, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    a, b = (built(where / name, (where / f"{name}.log").read_text()) for name in ("a", "b"))
+    assert b.package.startswith(a.package) and b.package != a.package
     return Builds(a, b, time.monotonic() - started)
 
 
@@ -126,12 +133,10 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     given = os.environ.get("SEE_PACKAGE_ROOTS")
     if given:
         where = Path(given)
-        deadline = time.monotonic() + 900
-        while not (where / "done").exists():
-            failed = list(where.glob("*.failed"))
-            assert not failed, "\n".join(f"{f.name}: {f.read_text()}" for f in failed)
-            assert time.monotonic() < deadline, f"the roots in {where} were not ready in 900 s"
-            time.sleep(1)
+        wait_for_file(where / "finished", where / "finished", 900)
+        failed = list(where.glob("*.failed"))
+        assert not failed, "\n".join(f"{f.name}: {f.read_text()}" for f in failed)
+        assert (where / "done").exists()
         return where
     if shutil.which("mmdebstrap") is None or shutil.which("bwrap") is None:
         pytest.fail("mmdebstrap and bubblewrap are needed (.ci/run installs them)")
