@@ -312,6 +312,29 @@ def walk(root: Root) -> None:
     stub.chmod(0o755)
     root.file("/run/systemd/system").mkdir(parents=True, exist_ok=True)
 
+    # 0. Refused, in one line each, before anything changes: an interpreter older than 3.10
+    # (here a stand-in, named as an administrator may name one), and a from-source install
+    # (a virtualenv at /opt/scheduled-events-exporter itself).
+    old = root.file("/usr/local/bin/python3.9")
+    old.write_text('#!/bin/sh\ncase "$2" in *version_info*) exit 1 ;; *) echo 3.9.2 ;; esac\n')
+    old.chmod(0o755)
+    done = root.run("env", "SCHEDULED_EVENTS_EXPORTER_PYTHON=python3.9", "apt-get", "-y", "-q",
+                    "install", root.pkg(a))
+    ours = [line for line in done.stderr.splitlines() if line.startswith("scheduled-events-")]
+    assert done.returncode != 0 and len(ours) == 1, done.stdout + done.stderr
+    assert "3.9.2" in ours[0] and "install python3 (>= 3.10)" in ours[0], ours
+    old.unlink()
+    assert not root.file(PREFIX).exists()
+    root.file(f"{PREFIX}/bin").mkdir(parents=True)
+    root.file(f"{PREFIX}/pyvenv.cfg").write_text("home = /usr/bin\n")
+    done = root.apt("install", root.pkg(a))
+    ours = [line for line in done.stderr.splitlines() if line.startswith("scheduled-events-")]
+    assert done.returncode != 0 and len(ours) == 1, done.stdout + done.stderr
+    assert "holds a from-source install" in ours[0], ours
+    shutil.rmtree(root.file(PREFIX))
+    done = root.run("dpkg", "--purge", "azure-scheduled-events-exporter")
+    assert done.returncode == 0, done.stderr
+
     # 1. Install, offline.
     started = time.monotonic()
     done = root.apt("install", root.pkg(a))
