@@ -467,9 +467,9 @@ def test_the_deb_installs_upgrades_rolls_back_and_purges(name: str, walks: dict[
     if walked.error is not None:
         raise walked.error
     root = walked.root
-    print(f"{name}: {', '.join(root.pythons)}; seconds: {root.times}; packages built in "
-          f"{builds.seconds:.0f} s ({builds.a.deb.stat().st_size / 1e6:.0f} MB .deb, "
-          f"{builds.a.rpm.stat().st_size / 1e6:.0f} MB .rpm)")
+    print(f"{name}: {', '.join(root.pythons)}; seconds: {root.times}; the packages took "
+          f"{builds.seconds:.0f} s to build or wait for ({builds.a.deb.stat().st_size / 1e6:.0f}"
+          f" MB .deb, {builds.a.rpm.stat().st_size / 1e6:.0f} MB .rpm)")
 
 
 # ------------------------------------------------------------------ the wheelhouse, offline
