@@ -315,12 +315,14 @@ def walk(root: Root) -> None:
     # 0. Refused, in one line each, before anything changes: an interpreter older than 3.10
     # (here a stand-in, named as an administrator may name one), and a from-source install
     # (a virtualenv at /opt/scheduled-events-exporter itself).
-    old = root.file("/usr/local/bin/python3.9")
+    old = root.file("/usr/bin/python3.9")  # none in these roots
     old.write_text('#!/bin/sh\ncase "$2" in *version_info*) exit 1 ;; *) echo 3.9.2 ;; esac\n')
     old.chmod(0o755)
     done = root.run("env", "SCHEDULED_EVENTS_EXPORTER_PYTHON=python3.9", "apt-get", "-y", "-q",
                     "install", root.pkg(a))
-    ours = [line for line in done.stderr.splitlines() if line.startswith("scheduled-events-")]
+    # (apt passes dpkg's messages, the scripts' included, to its stdout)
+    ours = [line for line in (done.stdout + done.stderr).splitlines()
+            if line.startswith("scheduled-events-")]
     assert done.returncode != 0 and len(ours) == 1, done.stdout + done.stderr
     assert "3.9.2" in ours[0] and "install python3 (>= 3.10)" in ours[0], ours
     old.unlink()
@@ -328,7 +330,8 @@ def walk(root: Root) -> None:
     root.file(f"{PREFIX}/bin").mkdir(parents=True)
     root.file(f"{PREFIX}/pyvenv.cfg").write_text("home = /usr/bin\n")
     done = root.apt("install", root.pkg(a))
-    ours = [line for line in done.stderr.splitlines() if line.startswith("scheduled-events-")]
+    ours = [line for line in (done.stdout + done.stderr).splitlines()
+            if line.startswith("scheduled-events-")]
     assert done.returncode != 0 and len(ours) == 1, done.stdout + done.stderr
     assert "holds a from-source install" in ours[0], ours
     shutil.rmtree(root.file(PREFIX))
