@@ -629,3 +629,46 @@ def test_ci_debian_pins_follow_the_debian_release(roots: Path, builds: Builds) -
         (root.path / "tmp-pins.sh").unlink()
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == expected[name], (name, done.stdout)
+
+
+# ------------------------------------------------------- from a from-source install, one step
+
+def test_a_from_source_install_moves_to_the_package_in_one_step(
+        roots: Path, builds: Builds, walks: dict[str, Walked]) -> None:
+    """docs/vm.md's "From a from-source install", in the Debian 12 root (its walk done): what an
+    earlier docs/vm.md left (a virtualenv at /opt/scheduled-events-exporter itself, its unit in
+    /etc/systemd/system, the operator's environment file, the dynamic user's state with a
+    spooled record) becomes the package's, the file and the state kept as they were."""
+    root = Root("bookworm", roots / "bookworm", builds)
+    (root.file(PREFIX) / "bin").mkdir(parents=True)
+    root.file(f"{PREFIX}/pyvenv.cfg").write_text("home = /usr/bin\n")
+    root.file("/etc/systemd/system").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "config" / "systemd" / UNIT, root.file(f"/etc/systemd/system/{UNIT}"))
+    env_file = root.file(ENV_FILE)
+    env_file.parent.mkdir(parents=True, exist_ok=True)
+    mine = "# mine\nSEE_SINKS=otlp\nOTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:9\n"
+    env_file.write_text(mine)
+    env_file.chmod(0o600)
+    private = root.file("/var/lib/private/scheduled-events-exporter/spool")
+    private.mkdir(parents=True)
+    (private / "otlp.log").write_text('{"seq":1,"record":{"record_id":"kept"}}\n')
+    root.file(STATE).unlink(missing_ok=True)
+    root.file(STATE).symlink_to("private/scheduled-events-exporter")
+
+    text = (REPO / "docs" / "vm.md").read_text(encoding="utf-8")
+    found = re.search(r"^### From a from-source install\n.*?```bash\n(.*?)```", text, re.S | re.M)
+    assert found, "docs/vm.md has no 'From a from-source install' command"
+    command = found.group(1)
+    assert command.count("sudo ") == 3 and "--force-confold" in command, command
+    # No systemd in the root: its first command has nothing to stop; sudo is dropped (root).
+    command = command.replace("sudo systemctl disable --now scheduled-events-exporter", "true")
+    command = re.sub(r"\./azure-scheduled-events-exporter_\S+\.deb", root.pkg(builds.a), command)
+    done = root.run("bash", "-euo", "pipefail", "-c", command.replace("sudo ", ""))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert root.version() == builds.a.version
+    assert env_file.read_text() == mine and env_file.stat().st_mode & 0o777 == 0o600
+    assert root.waiting() == {"kept"}
+    assert not root.file(f"/etc/systemd/system/{UNIT}").exists()
+    assert not root.file(f"{PREFIX}/pyvenv.cfg").exists()
+    done = root.apt("purge", "azure-scheduled-events-exporter")
+    assert done.returncode == 0, done.stdout + done.stderr
