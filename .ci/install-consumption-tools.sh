@@ -14,7 +14,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 node_dir="$here/node"
 
 # Exact pins; bump them here (and nowhere else) on purpose.
-promtool_pin="2.42.0+ds-5+deb12u1"  # Debian bookworm's prometheus (ships promtool)
+# Debian's prometheus (ships promtool): bookworm's 2.42 or trixie's 2.53, as /etc/debian_version
+# says (.ci/debian-pins.sh holds both; elsewhere the bare name, that system's version).
+promtool_pin="$(bash "$here/debian-pins.sh" prometheus)"
 npm_pins=(
   "@kusto/language-service-next@12.4.1"
   "@grafana/schema@13.2.3"
@@ -59,7 +61,7 @@ else
   apt-get update -qq
   # Pinned to the version the rules were checked with; Debian replaces a stable package's
   # version only for security fixes, so fall back to the current one if the pin is gone.
-  apt-get install -y -qq --no-install-recommends "prometheus=$promtool_pin" >/dev/null \
+  apt-get install -y -qq --no-install-recommends "$promtool_pin" >/dev/null \
     || apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   command -v promtool >/dev/null && command -v prometheus >/dev/null \
     || { echo "promtool or prometheus still missing after apt-get" >&2; exit 1; }

@@ -369,10 +369,21 @@ def test_check_config_reads_an_env_file_as_systemd_does(tmp_path: Path) -> None:
     assert done.stderr == ""
 
 
-def test_the_shipped_env_file_checks_clean() -> None:
+def test_the_shipped_env_file_checks_clean(tmp_path: Path) -> None:
+    """As shipped it names no sink (the service waits for one: the unit's ExecCondition=); with
+    its OTLP lines uncommented, as docs/vm.md says, it checks clean too."""
     done = run("check-config", "--env-file", str(SYSTEMD_ENV), env=clean_env(SEE_STATE_DIR=""))
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert "SEE_SINKS=otlp\n" in done.stdout and "SEE_HEALTH_ADDR=127.0.0.1:8080" in done.stdout
+    assert "SEE_HEALTH_ADDR=127.0.0.1:8080" in done.stdout
+    text = SYSTEMD_ENV.read_text(encoding="utf-8")
+    assert "\n#SEE_SINKS=otlp\n" in text and "\nSEE_SINKS=" not in text
+    edited = tmp_path / "env"
+    edited.write_text(re.sub(r"^#((?:SEE_SINKS|OTEL_EXPORTER_OTLP_\w+)=)", r"\1", text,
+                             flags=re.M), encoding="utf-8")
+    done = run("check-config", "--env-file", str(edited), env=clean_env(SEE_STATE_DIR=""))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "SEE_SINKS=otlp\n" in done.stdout
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318\n" in done.stdout
 
 
 def test_an_env_file_problem_is_one_line_and_exit_2(tmp_path: Path) -> None:

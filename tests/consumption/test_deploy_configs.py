@@ -259,7 +259,8 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     # verify checks that ExecStart exists: point it at a binary every system has.
     unit.write_text(
         UNIT.read_text(encoding="utf-8").replace(
-            "/opt/scheduled-events-exporter/bin/scheduled-events-exporter run", "/bin/true run"
+            "/opt/scheduled-events-exporter/current/bin/scheduled-events-exporter run",
+            "/bin/true run",
         ),
         encoding="utf-8",
     )

@@ -57,8 +57,10 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 def env_file_settings(uncomment: bool) -> dict[str, str]:
     """What systemd makes of the shipped environment file (the parser check-config --env-file
-    uses), its commented Event Hubs lines uncommented when asked."""
-    text = ENV_FILE.read_text(encoding="utf-8")
+    uses) once its OTLP lines are uncommented, as docs/vm.md has the operator do (shipped, it
+    names no sink), and its commented Event Hubs lines too when asked."""
+    text = re.sub(r"^#((?:SEE_SINKS|OTEL_EXPORTER_OTLP_\w+)=)", r"\1",
+                  ENV_FILE.read_text(encoding="utf-8"), flags=re.M)
     if uncomment:
         text = re.sub(r"^#(SEE_EVENTHUB)", r"\1", text, flags=re.M)
     return parse_env_file(text).values
