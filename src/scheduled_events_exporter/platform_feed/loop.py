@@ -231,7 +231,7 @@ class PlatformLoop:
                 refused.append((message, DEQUEUED_TOO_OFTEN,
                                 f"received {message.dequeue_count} times, more than "
                                 f"SEE_PLATFORM_MAX_DEQUEUE={self.settings.max_dequeue}: it "
-                                "kept failing, so it is set aside unread"))
+                                "kept failing, so it goes to the dead-letter file unread"))
                 continue
             read = read_message(message.content)
             if isinstance(read, Refused):
@@ -366,7 +366,7 @@ class PlatformLoop:
             log.error("platform queue: message %s could not be dead-lettered (%s); it stays in "
                       "the queue and comes back", message.id, exc)
             return False
-        log.warning("platform queue: message %s set aside in %s (%s): %s", message.id,
+        log.warning("platform queue: message %s moved to %s (%s): %s", message.id,
                     self.dead_letter.path, kind, reason[:300])
         self.telemetry.record_export_failure(SOURCE, "dead_letter", 1)
         return True
