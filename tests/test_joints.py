@@ -113,6 +113,20 @@ def test_redeliver_after_a_crash_between_commit_and_spool_loses_nothing(
     assert [a.event_id for a in collector.accepted][-1] == "L-0"
 
 
+def lettered_then_requested(sim: Simulator, tmp_path: Path, collector: OtlpHttpStandIn,
+                            refusing: list[bool], event_id: str) -> dict[str, str]:
+    """One record dead-lettered by a collector that refuses it, the cause then fixed and a
+    ``redeliver --at-next-start`` request left; returns the exporter's environment."""
+    env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
+    with ExporterProcess(env) as proc:
+        sim.set_events([event(event_id)])
+        wait_until(lambda: len(dead_letters(tmp_path)) == 1, 40, "the letter")
+        assert proc.terminate() == 0
+    refusing[0] = False
+    assert redeliver(env, "--at-next-start").returncode == 0
+    return env
+
+
 @pytest.mark.timeout(200)
 def test_a_request_with_an_unwritable_spool_never_stops_the_start(
         sim: Simulator, tmp_path: Path) -> None:
@@ -120,13 +134,7 @@ def test_a_request_with_an_unwritable_spool_never_stops_the_start(
     refusing = [True]
     with OtlpHttpStandIn(lambda ids: 400 if refusing[0] and "U-0" in ids else None
                          ) as collector:
-        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
-        with ExporterProcess(env) as proc:
-            sim.set_events([event("U-0")])
-            wait_until(lambda: len(dead_letters(tmp_path)) == 1, 40, "the letter")
-            assert proc.terminate() == 0
-        refusing[0] = False
-        assert redeliver(env, "--at-next-start").returncode == 0
+        env = lettered_then_requested(sim, tmp_path, collector, refusing, "U-0")
         spool = tmp_path / "state" / "spool" / "otlp.log"
         with immutable(spool), ExporterProcess(env) as proc:
             proc.wait_for(lambda: "could not be carried out" in proc.stderr(), 30,
@@ -155,13 +163,7 @@ def test_the_request_is_tried_again_once_the_spool_can_be_written(
     refusing = [True]
     with OtlpHttpStandIn(lambda ids: 400 if refusing[0] and "W-0" in ids else None
                          ) as collector:
-        env = otlp_env(sim, tmp_path, collector.endpoint, "http/protobuf")
-        with ExporterProcess(env) as proc:
-            sim.set_events([event("W-0")])
-            wait_until(lambda: len(dead_letters(tmp_path)) == 1, 40, "the letter")
-            assert proc.terminate() == 0
-        refusing[0] = False
-        assert redeliver(env, "--at-next-start").returncode == 0
+        env = lettered_then_requested(sim, tmp_path, collector, refusing, "W-0")
         spool = tmp_path / "state" / "spool" / "otlp.log"
         with ExporterProcess(env) as proc:
             with immutable(spool):

@@ -34,16 +34,16 @@ import pytest
 
 from scheduled_events_exporter.codec import encode_record, encode_state
 from scheduled_events_exporter.delivery import redrive, start
-from scheduled_events_exporter.delivery.dead_letter import DeadLetter, DeadLetterFile
+from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
 from scheduled_events_exporter.delivery.redrive import Selection
 from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.delivery.worker import DeliveryWorker
-from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
 from scheduled_events_exporter.platforms.durable import set_step_hook
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.state import StateStore
 from scheduled_events_exporter.tracker import TrackerState
 from tests.crashdisk import Disk, Recorder, crash_points, digest, write_out
+from tests.test_redrive_crash_points import letter, marked_ids, record, spooled_ids
 
 AT = datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
 NOW = datetime(2026, 11, 28, 8, 30, tzinfo=timezone.utc)
@@ -54,19 +54,6 @@ DELIVERED = (1, 2)
 OUTBOX = (3, 4, 5)
 #: Letters to put back: (their record's original seq, sink); eventhubs is not configured.
 LETTERS = ((90, "otlp"), (91, "eventhubs"), (92, "otlp"))
-
-
-def record(seq: int) -> TransitionRecord:
-    event = ScheduledEvent(f"E{seq}", "Scheduled", "Reboot", resources=("vm",))
-    return TransitionRecord(Transition(TransitionKind.SCHEDULED, AT, seq, event),
-                            InstanceInfo(vm_name="vm"), f"rid-{seq}", True, "0.1.0", seq)
-
-
-def letter(seq: int, sink: str) -> bytes:
-    return DeadLetter(time="2026-11-27T10:00:00.000Z", sink=sink, status="HTTP 400",
-                      reason="refused", event_id=f"E{seq}", transition="scheduled",
-                      record_id=f"rid-{seq}", seq=seq, payload={"sent": seq},
-                      record=encode_record(record(seq))).to_json()
 
 
 def state_dir(root: Path) -> None:
@@ -109,20 +96,6 @@ def start_on(root: Path, collector: Collector) -> tuple[list[DeliveryWorker], st
     for worker in workers:
         worker.start()
     return workers, begun
-
-
-def whole_lines(data: bytes) -> list[bytes]:
-    return data[:data.rfind(b"\n") + 1].splitlines()
-
-
-def spooled_ids(files: dict[str, bytes], sink: str) -> set[str]:
-    return {json.loads(raw)["record"]["record_id"]
-            for raw in whole_lines(files.get(f"spool/{sink}.log", b""))}
-
-
-def marked_ids(files: dict[str, bytes]) -> set[str]:
-    return {item["record_id"] for raw in whole_lines(files.get("dead-letter.jsonl", b""))
-            if "redelivered" in (item := json.loads(raw))}
 
 
 def check_restart(root: Path, crashed: dict[str, bytes]) -> None:
