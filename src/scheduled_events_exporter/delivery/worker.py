@@ -1,24 +1,24 @@
 """The delivery worker every sink uses: an ordered, bounded queue drained by one thread.
 
-Records are delivered in order and acknowledged only when the sink's ``deliver`` returns. What
-happens on a failure depends on its :class:`FailureKind` (the OpenTelemetry Collector's rule:
-transient errors are retried, permanent ones are not):
+Records are delivered in order and acknowledged only when the sink's ``deliver`` returns, or
+once their dead letter is durable. Each attempt is three steps (:meth:`DeliveryWorker.step`):
+the sink's adapter *classifies* the answer into a :class:`FailureKind` (and whether it is one
+the protocol calls final but we retry), :func:`.refusal.decide` *decides* from it and the
+answers before it (pure, table-tested), and the worker *acts*:
 
-* transient (429, 502-504, other 5xx, timeouts, connection refused, the hub's retriable errors,
-  a refusal that gives no reason): the records stay queued and are retried after a capped
-  exponential backoff with jitter, or after the pause the peer asked for if longer; nothing is
-  lost;
-* configuration (401/403 authentication, 404 endpoint): retried the same way, logged as an
-  error at the start of the streak and every few minutes, and ``/readyz`` fails at once;
-* permanent (other 4xx, a message too large for the hub): a batch is re-sent one record at a
-  time to find the culprit; a record rejected on its own goes to the dead-letter file
-  (:mod:`.dead_letter`), is counted and logged, and the worker goes on with the next one;
-* too large, on proof (OTLP's 413, gRPC's own "message larger than max", or a refusal without a
-  reason of a request larger than any the peer accepted, :mod:`.bound`): after a backoff the
-  worker halves the bytes it puts in one request; the bound grows back after successes. A
-  record refused alone with proof of its size (413, "larger than max") is tried once more after
-  a backoff, then dead-lettered, so nothing behind it waits; one refused alone on inference only
-  is retried as busy (a long overload refuses every halving of a burst too).
+* transient or configuration refusals: the records stay queued and are retried after a capped
+  exponential backoff with jitter, or after the pause the peer asked for if longer; a
+  configuration error is logged at the start of the streak and every few minutes, and
+  ``/readyz`` fails at once;
+* permanent refusals: a batch is re-sent one record at a time to find the culprit; a record
+  rejected on its own goes to the dead-letter file (:mod:`.dead_letter`), is counted and
+  logged, and the worker goes on with the next one. When the file cannot take its letter, the
+  record stays in the spool (the cursor below it) until it can;
+* too large, on proof or inferred (:mod:`.bound`): the request is halved after a backoff, the
+  bound grows back after successes; a record refused alone with proof is tried once more, then
+  dead-lettered, whatever passed before;
+* a record refused again and again with an answer that may be about it: the record behind it
+  probes the peer (:mod:`.refusal` says how, and the bound on the requests a record gets).
 
 Every wait is a deadline on the peer's :class:`~.pause.Pause` (one clock, one cap of
 :data:`~.pause.RETRY_AFTER_CAP`, shared with the sink's metric exports): until it passes nothing
