@@ -14,3 +14,24 @@ def sim() -> Iterator[Simulator]:
     """A simulated IMDS on loopback for a VM named ``vm-test``."""
     with Simulator(vm_name="vm-test") as simulator:
         yield simulator
+
+
+# --- where the suite's time goes (CI's budget is 20 minutes on two cores) ------------------
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sum each file's setup, call and teardown times (reported by every xdist worker to the
+    controller, so the sum covers the whole run)."""
+    path = report.nodeid.split("::")[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The ten slowest files: with ``--dist loadfile`` a file runs on one worker, so the
+    slowest file is the floor of the run's wall time."""
+    if not _FILE_SECONDS:
+        return
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:10]
+    terminalreporter.write_line("slowest files (setup + call + teardown, seconds): " + ", ".join(
+        f"{path.removeprefix('tests/')} {seconds:.0f}" for path, seconds in slowest))

@@ -332,7 +332,7 @@ def test_one_record_refused_every_time_without_retry_info_is_lettered_and_the_re
 @pytest.mark.timeout(300)
 def test_a_collector_that_refuses_everything_for_two_minutes_gets_nothing_lettered(
         sim: Simulator, tmp_path: Path) -> None:
-    until = [float("inf")]
+    until = [0.0]  # no refusal before the clock is set
 
     def answer(ids: list[str]) -> str | None:
         return "RESOURCE_EXHAUSTED" if time.monotonic() < until[0] else None
