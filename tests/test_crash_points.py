@@ -24,6 +24,7 @@ exporter does, and delivers everything; then:
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import tempfile
@@ -45,7 +46,7 @@ from scheduled_events_exporter.delivery.outcome import DeliveryError, FailureKin
 from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.delivery.worker import DeliveryWorker
 from scheduled_events_exporter.model import InstanceInfo, ScheduledEvent, Transition, TransitionKind
-from scheduled_events_exporter.platforms.durable import set_step_hook
+from scheduled_events_exporter.platforms.durable import DiskStep, set_step_hook
 from scheduled_events_exporter.records import TransitionRecord
 from scheduled_events_exporter.state import SCHEMA_VERSION, StateCommitter, StateStore
 from scheduled_events_exporter.tracker import KnownEvent, TrackerState
@@ -54,12 +55,16 @@ from tests.crashdisk import CrashPoint, Disk, Recorder, Step, crash_points, dige
 AT = datetime(2026, 11, 27, tzinfo=timezone.utc)
 SINK = "otlp"
 #: Records the sink refuses for good (they must end in the dead-letter file, never be lost).
-POISON = frozenset({"rid-8", "rid-12"})
+POISON = frozenset({"rid-8", "rid-12", "rid-15"})
 FOREIGN = "rid-foreign"
 #: An outbox record of a kind this release does not know (seq 6), in no spool.
 FOREIGN_OUTBOX = "rid-foreign-outbox"
 #: Polls after the start: each commits these records, then hands them over.
-POLLS: tuple[tuple[int, ...], ...] = ((7,), (8, 9, 10), (11,), (12, 13), (14,))
+POLLS: tuple[tuple[int, ...], ...] = ((7,), (8, 9, 10), (11,), (12, 13), (14,), (15, 16))
+#: The poll during which the dead-letter file refuses every write (a full disk): its refused
+#: record stays in the spool, the one behind it is delivered, and the letter is written once
+#: the file takes writes again.
+LETTERS_REFUSED = 5
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 
 
@@ -149,10 +154,11 @@ class Core:
 @pytest.fixture
 def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     # One record per request (so acknowledgements land between records and the log is
-    # compacted, not only emptied) and a dead-letter file that rotates once in the run (after
-    # the two unreadable letters). The restarts do not rotate it again (record_run restores
-    # the bound): a second rotation drops the oldest letters by design (the file's bound).
+    # compacted, not only emptied) and a dead-letter file that rotates in the run (after the
+    # two unreadable letters), never so often that the bound removes a generation (by design,
+    # and said). The restarts do not rotate it again (record_run restores the bound).
     monkeypatch.setattr(worker_module, "MAX_BATCH", 1)
+    monkeypatch.setattr(worker_module, "STORAGE_RETRY", 0.01)
     monkeypatch.setattr(letters_module, "MAX_BYTES", 4000)
 
 
@@ -168,24 +174,43 @@ def record_run(root: Path) -> Recording:
     crashed_state_dir(root)
     initial = Disk.of(root)
     recorder = Recorder(root)
-    previous = set_step_hook(recorder)
+    refusing = [False]
+
+    def hook(step: DiskStep) -> None:
+        # A refused write never happened: refused before the recorder sees it.
+        if refusing[0] and "dead-letter" in step.path.name and step.kind in ("create", "write"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        recorder(step)
+
+    previous = set_step_hook(hook)
     try:
         recorder.mark("phase", "start")
         core = Core(root, on_deliver=lambda r: recorder.mark("delivered", r.record_id))
         core.drain()
         recorder.mark("phase", "polls")
         assert core.persisted is not None
-        committer = StateCommitter(core.store, lambda *_: None)
+        # As the exporter commits: the outbox keeps what the spool may still lack.
+        committer = StateCommitter(core.store, lambda *_: None, settled=core.worker.settled_seq,
+                                   outbox=core.persisted.outbox)
         trackers = [core.persisted.tracker]
-        for records in POLLS:
+        for number, records in enumerate(POLLS):
             state = tracker(records[-1])
             batch = tuple(record(seq) for seq in records)
             recorder.mark("committing", len(trackers))
             committer.commit(state, batch, records[-1], changed=True)
             trackers.append(state)
             recorder.mark("durable", tuple(r.record_id for r in batch))
+            refusing[0] = number == LETTERS_REFUSED
             core.worker.submit(batch)
             core.drain()
+            if refusing[0]:
+                assert core.worker.status().letters_waiting == 1
+                refusing[0] = False
+                recorder.mark("phase", "letters writable")
+                deadline = time.monotonic() + 20
+                while core.worker.status().letters_waiting:
+                    assert time.monotonic() < deadline, "the held letter was never written"
+                    time.sleep(0.01)
         core.stop()
     finally:
         set_step_hook(previous)
@@ -195,8 +220,7 @@ def record_run(root: Path) -> Recording:
 
 def read_letters(root: Path) -> list[dict[str, object]]:
     out = []
-    for name in ("dead-letter.jsonl.1", "dead-letter.jsonl"):
-        path = root / name
+    for path in letters_module.generations(root):
         if path.exists():
             # Whole lines: a torn last letter is cut at the next append, never merged.
             text = path.read_text()
@@ -328,8 +352,10 @@ def test_every_crash_point_of_every_durable_write(tmp_path: Path, small_bounds: 
     root = next(runs)
     recording = record_run(root)
     rotations = [s for s in recording.steps if s.kind == "rename" and s.target.endswith(".1")]
-    assert len(rotations) == 1, (f"{len(rotations)} rotations of the dead-letter file: resize "
-                                 "small_bounds' MAX_BYTES to the letters' size")
+    # Rotated, but never to the point of removing a generation (that is by design, and said).
+    assert 1 <= len(rotations) < letters_module.GENERATIONS, (
+        f"{len(rotations)} rotations of the dead-letter file: resize small_bounds' MAX_BYTES "
+        "to the letters' size")
     kinds = {s.kind for s in recording.steps}
     assert {"create", "write", "fsync", "truncate", "rename", "dirsync"} <= kinds, kinds
     seen: dict[str, None] = {}

@@ -363,6 +363,31 @@ def test_a_record_refused_alone_with_proof_is_dead_lettered_whatever_passed_befo
     assert rig.failures == [("otlp", "dead_letter", 1)]
 
 
+def test_a_limit_that_drops_halves_the_requests_and_letters_only_what_alone_is_over_it(
+        tmp_path: Path) -> None:
+    # The collector took 3 records at once, then its limit dropped below one large record:
+    # the requests are halved to what passes, the large record is tried twice on its own and
+    # dead-lettered, and every record behind it is delivered, in order.
+    limit = [10 * S]
+    big = record(6, "x" * 3000)
+
+    def answer(n: int, seqs: list[int]) -> DeliveryError | None:
+        size = sum(approximate_size(big if s == 6 else record(s)) for s in seqs)
+        return DeliveryError("too large", FailureKind.TOO_LARGE, "HTTP 413") \
+            if size > limit[0] else None
+
+    rig = Rig(tmp_path, answer)
+    rig.worker.submit([record(1), record(2), record(3)])
+    with rig.running():
+        rig.drain()
+        limit[0] = 3 * S // 2
+        rig.worker.submit([record(4), record(5), big, record(7), record(8)])
+        rig.drain()
+    assert rig.peer.accepted == [1, 2, 3, 4, 5, 7, 8]
+    assert [x["record_id"] for x in letters_in(tmp_path)] == ["rid-6"]
+    assert rig.peer.attempts.count([6]) == 2
+
+
 def test_a_record_refused_alone_with_proof_once_and_then_accepted_is_delivered(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rig = Rig(tmp_path, lambda n, seqs: DeliveryError("too large", FailureKind.TOO_LARGE,
