@@ -189,7 +189,12 @@ def _check_config(args: list[str]) -> int:
                      f"check did not; expected check-config {how}")
     for note in notes:
         print(f"configuration warning: {note}", file=sys.stderr)
-    config = _load(env, create=False)
+    # A platform setup (a queue named) is checked as the platform command checks it.
+    seen = env if env is not None else os.environ
+    platform = any(seen.get(name, "").strip() for name in (
+        "SEE_PLATFORM_QUEUE_URL", "SEE_PLATFORM_QUEUE_CONNECTION_STRING",
+        "SEE_PLATFORM_QUEUE_NAME"))
+    config = _load(env, create=False, command="platform" if platform else "run")
     if config is None:
         return EXIT_CONFIG
     from scheduled_events_exporter.config import extras_outside_core

@@ -156,7 +156,8 @@ def readiness(inputs: HealthInputs) -> tuple[bool, dict[str, object]]:
         "staleness_limit_seconds": inputs.staleness_limit,
         f"{inputs.source.lower().replace(' ', '_')}_last_outcome": inputs.last_outcome(),
         "sinks": sinks,
-        "spool_depth": sum(s.pending for s in statuses),
+        # Records held for their letters wait in the spool too.
+        "spool_depth": sum(s.pending + s.letters_waiting for s in statuses),
         "storage": {
             "writable": not faults,
             "faults": [

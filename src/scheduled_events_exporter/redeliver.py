@@ -29,21 +29,23 @@ EXIT_USAGE = 2
 HELP = """usage: scheduled-events-exporter redeliver [--sink NAME] [--event-id ID] [--since TIME]
               [--dry-run | --at-next-start] [--wait SECONDS] [--state-dir DIR]
 
-Put dead-lettered records (SEE_STATE_DIR/dead-letter.jsonl and .1) back into their sink's spool,
+Put dead-lettered records (SEE_STATE_DIR/dead-letter.jsonl and its older files, .1 to .3) back
+into their sink's spool,
 with their original log.record.uid and in their original order, and mark them "redelivered" in
 the dead-letter file; the exporter delivers them at its next start. Run it once the cause is
 fixed (the collector's schema, limit or quota), with the exporter stopped: it takes the state
 directory's lock, as "run" does.
 
   --sink NAME        only letters of this sink (otlp, eventhubs, console)
-  --event-id ID      only letters of this EventId
+  --event-id ID      only letters of this EventId (in any letter case)
   --since TIME       only letters written at or after TIME (RFC 3339, e.g. 2026-11-27T10:00:00Z)
   --dry-run          list what would be put back, change nothing (the lock is not taken)
   --at-next-start    do not wait for the lock: leave the request in the state directory, and
                      the exporter carries it out at its next start, under its own lock (for a
                      container: request, then restart the pod)
   --wait SECONDS     wait up to SECONDS for a stopping exporter to free the directory (default 0)
-  --state-dir DIR    the state directory (default: SEE_STATE_DIR, else the platform default)
+  --state-dir DIR    the state directory (default: SEE_STATE_DIR, else the platform default;
+                     the platform command's is its platform/ directory)
 
 A letter is skipped, with the reason, when it was redelivered before, when this release cannot
 read its record either, or when a release before this command wrote it (those letters hold the
@@ -103,6 +105,13 @@ def main(args: list[str]) -> int:
         return 1
     if "--dry-run" in options and "--at-next-start" in options:
         return _usage("--dry-run and --at-next-start exclude each other")
+    if not redrive.letter_files(directory):
+        elsewhere = (" (the platform command keeps its own in its platform/ directory: "
+                     f"--state-dir {directory / 'platform'})"
+                     if redrive.letter_files(directory / "platform") else "")
+        print(f"redeliver: {directory} holds no dead-letter file: nothing was refused for good "
+              f"there{elsewhere}", file=sys.stderr)
+        return 0
     if "--dry-run" in options:
         return _report(redrive.plan(directory, selection), applied=None)
     if "--at-next-start" in options:

@@ -375,7 +375,7 @@ def _text(item: dict[str, object], key: str) -> str:
 def _selected(letter: Letter, selection: Selection) -> bool:
     if selection.sink is not None and letter.sink != selection.sink:
         return False
-    if selection.event_id is not None and letter.event_id != selection.event_id:
+    if selection.event_id is not None and letter.event_id.lower() != selection.event_id.lower():
         return False
     if selection.since is not None:
         try:

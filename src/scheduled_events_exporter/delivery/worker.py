@@ -584,9 +584,10 @@ class DeliveryWorker:
             return
         for sink, count in sorted(removed.by_sink.items()):
             self._count_failure(sink, "dead_letter_dropped", count)
-        log.error("dead-letter file: its bound (%d files of %d bytes) was reached: removed %s "
-                  "with %d letters (%d of them never redelivered; sinks: %s), the oldest "
-                  "kept; they are gone, and redeliver cannot bring them back",
+        log.error("dead-letter file: its bound (%d files of %d bytes) was reached: removed "
+                  "%s, the oldest file, with %d letters (%d of them never redelivered; sinks: "
+                  "%s); they are gone, and redeliver cannot bring them back (the newer files "
+                  "are kept)",
                   letters.GENERATIONS, letters.MAX_BYTES, removed.path.name, removed.letters,
                   removed.unredelivered,
                   ", ".join(f"{k} {v}" for k, v in sorted(removed.by_sink.items())) or "none")

@@ -140,7 +140,10 @@ def classify(exc: AzureError) -> QueueError:
     """The SDK's exception as the loop reads it: what happened, and whether waiting helps."""
     detail = " ".join(str(exc).split())[:300] or type(exc).__name__
     if isinstance(exc, ClientAuthenticationError):
-        return QueueError("refused", f"authentication failed: {detail}", lasting=True)
+        # The credential chain says which credentials it tried and why each failed: worth the
+        # length, once per streak (the SDK's own warnings are silenced, service.py).
+        whole = " ".join(str(exc).split())[:2000] or type(exc).__name__
+        return QueueError("refused", f"authentication failed: {whole}", lasting=True)
     if isinstance(exc, ResourceNotFoundError):
         return QueueError("not_found", f"queue not found: {detail}", lasting=True)
     if isinstance(exc, HttpResponseError) and exc.status_code is not None:

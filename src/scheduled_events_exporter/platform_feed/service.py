@@ -179,8 +179,11 @@ class PlatformService:
 def run(config: Config, stop: threading.Event, finished: threading.Event | None = None,
         *, backfill_only: bool = False) -> int:
     """The platform command until ``stop`` (``backfill_only``: one backfill, then exit)."""
-    # The Azure SDK logs every request and answer at INFO; failures are said by the loop.
+    # The Azure SDK logs every request and answer at INFO, and the credential chain a block of
+    # WARNING lines at every failed token request; failures are said by the loop, once per
+    # streak, with the chain's own words.
     logging.getLogger("azure").setLevel(logging.WARNING)
+    logging.getLogger("azure.identity").setLevel(logging.ERROR)
     config = platform_config(config)
     assert config.state_dir is not None
     try:

@@ -227,6 +227,9 @@ def create_eventhubs_sink(config: Config, count_failure: FailureCounter) -> Even
         # The SDK logs every connection state change and retry at INFO; our sink reports
         # failures once per streak, without the SDK's multi-line exception texts.
         logging.getLogger("azure").setLevel(logging.WARNING)
+        # The credential chain's WARNING block at every failed token request: the sink says
+        # the failure once per streak.
+        logging.getLogger("azure.identity").setLevel(logging.ERROR)
 
     def client_for(hub: str) -> ClientFactory:
         def factory() -> Any:
