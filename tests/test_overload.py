@@ -69,7 +69,10 @@ def test_a_second_event_queued_during_a_pause_sends_nothing_before_its_deadline(
             assert proc.terminate() == 0
     first, second = collector.log[0], collector.log[1]
     assert first.verdict is not None and second.verdict is None, collector.log
-    assert second.arrival - first.arrival >= PAUSE - 0.3, (
+    # An HTTP-date names a whole second, and the server's Date header (what the exporter
+    # measures it from) is taken a moment later: the pause it says is PAUSE give or take one.
+    slack = 1.3 if form in ("imf-fixdate", "rfc850", "asctime") else 0.3
+    assert second.arrival - first.arrival >= PAUSE - slack, (
         f"sent {second.arrival - first.arrival:.2f} s into a {PAUSE} s pause")
     assert [e for e, _ in seen(collector.accepted)] == ["P-1", "P-2"]
     assert dead_letters(tmp_path) == []
