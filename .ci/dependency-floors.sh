@@ -14,6 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=.ci/venvs/floors
+# Fewer examples per property test than the main run (tests/budget.py): the floors must pass
+# them, the search for a counterexample is the main run's.
+export SEE_HYPOTHESIS_SCALE=5
 [ -x "$venv/bin/python" ] || .venv/bin/python -m venv "$venv"
 # Every runtime dependency is `name>=floor[,<ceiling]`; each is pinned to its floor, and one
 # without a floor fails here (an unbounded range is a floor nobody has run).

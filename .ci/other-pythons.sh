@@ -31,6 +31,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VERSIONS=(${OTHER_PYTHONS:-3.10 3.12 3.13 3.14 3.15})
+# Fewer examples per property test than the main run (tests/budget.py): here the properties
+# must hold on each interpreter, the search for a counterexample is the main run's.
+export SEE_HYPOTHESIS_SCALE=5
 # Those that Debian unstable provides when the machine has no interpreter of its own.
 SID_VERSIONS=(3.14 3.15)
 SID_MIRROR=${SID_MIRROR:-http://deb.debian.org/debian}

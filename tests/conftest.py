@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from scheduled_events_exporter.simulator import Simulator
+from tests.budget import SCALE
+
+if SCALE > 1:
+    # Property tests without a number of their own draw fewer too (tests/budget.py).
+    hypothesis_settings.register_profile("scaled", max_examples=max(10, 100 // SCALE))
+    hypothesis_settings.load_profile("scaled")
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from scheduled_events_exporter.parser import (
     parse_document,
     parse_not_before,
 )
+from tests.budget import examples
 
 DOC = {
     "DocumentIncarnation": 2,
@@ -216,7 +217,7 @@ documents = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.one_of(documents.map(raw), st.binary(max_size=200)))
 def test_fuzz_only_document_errors_escape(body: bytes) -> None:
     try:
@@ -258,7 +259,7 @@ chain = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(chain)
 def test_fuzz_parse_then_track_never_raises_and_stays_bounded(bodies: list[bytes]) -> None:
     import tracemalloc

@@ -16,6 +16,7 @@ from scheduled_events_exporter.model import (
     UnreadableItem,
 )
 from scheduled_events_exporter.tracker import Evidence, TrackerState, note_unchanged, track
+from tests.budget import examples
 
 T0 = datetime(2022, 4, 11, 22, 0, 0, tzinfo=timezone.utc)
 NB = datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc)
@@ -215,7 +216,7 @@ def _feed(docs):
     return state, out, offset
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(documents)
 def test_every_event_ends_in_exactly_one_terminal_transition(docs) -> None:
     state, out, _ = _feed([*docs, (1, [])])
@@ -237,13 +238,13 @@ def test_every_event_ends_in_exactly_one_terminal_transition(docs) -> None:
     assert open_ids == set()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(documents)
 def test_transitions_are_a_function_of_the_inputs(docs) -> None:
     assert _feed(docs)[1] == _feed(docs)[1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(events, max_size=5, unique_by=lambda e: e.event_id), st.integers(0, 5))
 def test_identical_events_list_emits_nothing(evs, bump) -> None:
     state, _ = track(TrackerState(), Document(3, tuple(evs)), T0, gap_threshold=GAP)
@@ -253,7 +254,7 @@ def test_identical_events_list_emits_nothing(evs, bump) -> None:
     assert again == ()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(documents)
 def test_at_most_one_transition_per_event_per_document(docs) -> None:
     state, offset, inc = TrackerState(), 0.0, 0
@@ -363,7 +364,7 @@ def _feed_with_evidence(docs):
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(documents)
 def test_no_sequence_with_a_gap_ever_yields_cancelled(docs) -> None:
     for t, inc_delta, pause in _feed_with_evidence([*docs, (1, [])]):
@@ -372,7 +373,7 @@ def test_no_sequence_with_a_gap_ever_yields_cancelled(docs) -> None:
             assert inc_delta in (0, 1) and 1 + pause <= GAP and t.observation_gap is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(documents)
 def test_every_end_carries_a_basis(docs) -> None:
     for t, _, _ in _feed_with_evidence([*docs, (1, [])]):
@@ -401,7 +402,7 @@ steps = st.tuples(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(steps, max_size=10))
 def test_cancelled_only_on_watched_consecutive_unapproved_absence_before_not_before(seq) -> None:
     state, at, boot, approved = TrackerState(), T0, 0, frozenset[str]()
