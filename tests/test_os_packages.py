@@ -7,7 +7,8 @@ unstable, each with its own python3) apt and dpkg do what an operator does with 
 
 1. ``apt-get install ./A.deb``, with no network (bubblewrap ``--unshare-net``): the virtualenv
    is built from the package's wheelhouse with the root's python3; the unit is enabled, not
-   started (the environment file names no sink yet).
+   started (the environment file names no sink yet); the root's pip.conf (an index that does
+   not answer, a constraint the locks break) has no say.
 2. The operator names a sink (OTLP, to a collector that is down) and the IMDS simulator
    (started by hand: no systemd runs in a root), and the exporter runs until records wait in
    its spool.
@@ -18,7 +19,7 @@ unstable, each with its own python3) apt and dpkg do what an operator does with 
 6. ``apt-get remove``: the state and the environment file stay; then ``apt-get install
    ./A.deb`` again starts the service (the file names a sink), and with the collector up every
    record spooled at step 2 is delivered.
-7. ``apt-get purge``: the state and /etc/scheduled-events-exporter are gone.
+7. ``apt-get purge``: the state and /etc/scheduled-events-exporter are gone; /opt stays.
 
 After every step, nothing spooled is lost and ``scheduled-events-exporter version`` names the
 build. systemd's decisions are seen through a ``systemctl`` that records its calls (no systemd
@@ -338,7 +339,12 @@ def walk(root: Root) -> None:
     done = root.run("dpkg", "--purge", "azure-scheduled-events-exporter")
     assert done.returncode == 0, done.stderr
 
-    # 1. Install, offline.
+    # 1. Install, offline, whatever the host's pip configuration says (an index that does not
+    # answer, a constraint the locks break): the package installs its wheelhouse, nothing else.
+    root.file("/opt").mkdir(exist_ok=True)
+    root.file("/etc/pip.conf").write_text(
+        "[global]\nindex-url = http://127.0.0.1:9/simple\nconstraint = /etc/pip-constraints.txt\n")
+    root.file("/etc/pip-constraints.txt").write_text("protobuf<5\n")
     started = time.monotonic()
     done = root.apt("install", root.pkg(a))
     timed(root.times, "install", started)
@@ -438,6 +444,10 @@ def walk(root: Root) -> None:
     for gone in (STATE, "/var/lib/private/scheduled-events-exporter",
                  "/etc/scheduled-events-exporter", PREFIX):
         assert not root.file(gone).exists(), gone
+    # /opt, which dpkg lists as the package's too (no Debian package owns it), stays.
+    assert root.file("/opt").is_dir()
+    root.file("/etc/pip.conf").unlink()
+    root.file("/etc/pip-constraints.txt").unlink()
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,26 @@ def test_the_shipped_unit_gives_the_state_directory_and_the_env_files_settings(
     assert done.stderr == ""  # both shell variables are set by the unit's file too
 
 
+def test_the_shipped_files_as_installed_say_the_service_waits_for_a_sink(tmp_path: Path) -> None:
+    """The package's unit and environment file, untouched: the check passes (the defaults are
+    valid) but says the unit's ExecCondition= keeps the service from starting."""
+    env_file = tmp_path / "env"
+    env_file.write_bytes(SHIPPED_ENV.read_bytes())
+    text = SHIPPED_UNIT.read_text(encoding="utf-8")
+    moved = unit(tmp_path, text.replace("/etc/scheduled-events-exporter/env", str(env_file))
+                 .encode())
+    [line] = [n for n, x in enumerate(text.splitlines(), 1) if x.startswith("ExecCondition=")]
+    done = check("--unit", str(moved), env=clean_env(SEE_SINKS="otlp"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        "configuration warning: SEE_SINKS is set in this shell, but the service does not get "
+        "this shell's environment: not checked; expected it in the unit or its environment "
+        "file\n"
+        f"configuration warning: {moved}:{line}: ExecCondition=: the service does not start "
+        "while SEE_SINKS is empty, and neither the unit nor its environment files set it; "
+        "expected SEE_SINKS naming a sink (a run by hand would use console)\n"), done.stderr
+
+
 def test_a_shell_variable_the_unit_does_not_set_is_said_and_not_used(tmp_path: Path) -> None:
     path = unit(tmp_path, "Environment=SEE_STATE_DIR= SEE_SINKS=console\n")
     done = check("--unit", str(path), env=clean_env(SEE_LOG_LEVEL="debug"))

@@ -135,6 +135,8 @@ class _Unit:
     files: list[tuple[str, bool, str]]  # path, optional, where it was set
     unset: list[str]
     notes: list[str]
+    #: Where an ``ExecCondition=`` tests SEE_SINKS (the packaged unit's "no sink, no start").
+    sinks_condition: str = ""
 
 
 def read_unit_environment(path: Path) -> UnitEnvironment:
@@ -167,6 +169,10 @@ def read_unit_environment(path: Path) -> UnitEnvironment:
         name, eq, value = entry.partition("=")
         if name in values and (not eq or values[name] == value):
             del values[name]
+    if unit.sinks_condition and not values.get("SEE_SINKS", "").strip():
+        unit.notes.append(f"{unit.sinks_condition}: the service does not start while SEE_SINKS "
+                          "is empty, and neither the unit nor its environment files set it; "
+                          "expected SEE_SINKS naming a sink (a run by hand would use console)")
     return UnitEnvironment(values, tuple(unit.notes))
 
 
@@ -236,6 +242,8 @@ def _parse(data: bytes, where: str, unit: _Unit) -> None:
             if not value:
                 unit.unset.clear()
             unit.unset.extend(_assignments(value, at, unit, names_too=True))
+        elif key == "ExecCondition" and re.search(r"\$\{?SEE_SINKS\b", value):
+            unit.sinks_condition = at
         elif key == "PassEnvironment" and value:
             names = " ".join(scrub(w.decode("utf-8", "replace")) for w in _words(value)[0])
             unit.notes.append(f"{at}: passes the service manager's own {names}, which "
