@@ -332,3 +332,35 @@ def test_a_peer_that_refuses_everything_without_reason_gets_nothing_dead_lettere
     while run.waiting:
         run.step(None)
     assert run.settled == list(range(1, backlog + 1))
+
+
+def test_a_suspect_with_nothing_behind_it_gets_its_two_tries_with_proof_of_size() -> None:
+    # Nothing to probe with: the suspect goes alone again, and a 413 is its first proof, not
+    # a conviction (the probe's evidence is missing): one more try, then the letter.
+    history = History(head=5, refusals=SUSPECT_AFTER, suspect=5)
+    assert next_request(history, [5]) == Shape(5, alone=True)
+    first = decide(history, Request(5, 5, 1, 900), Answer(FailureKind.TOO_LARGE))
+    assert (first.act, first.why) == (Act.RETRY, Why.PROVEN_SIZE)
+    second = decide(first.history, Request(5, 5, 1, 900), Answer(FailureKind.TOO_LARGE))
+    assert (second.act, second.why) == (Act.DEAD_LETTER, Why.PROVEN_SIZE_AGAIN)
+
+
+def test_a_proof_of_size_counts_towards_suspicion_for_its_own_record_only() -> None:
+    # Refusals of another record do not add up with this one's: its count starts at one.
+    other = decide(History(head=4, refusals=2), Request(5, 5, 1, 900),
+                   Answer(FailureKind.TOO_LARGE))
+    assert (other.history.head, other.history.refusals, other.history.suspect) == (5, 1, 0)
+    # Its own refusals do, one each: the third makes it the suspect.
+    own = decide(History(head=5, refusals=1), Request(5, 5, 1, 900),
+                 Answer(FailureKind.TOO_LARGE))
+    assert (own.history.head, own.history.refusals, own.history.suspect) == (5, 2, 0)
+    third = decide(History(head=5, refusals=2), Request(5, 5, 1, 900),
+                   Answer(FailureKind.TOO_LARGE))
+    assert (third.history.refusals, third.history.suspect) == (3, 5)
+
+
+def test_the_proofs_remembered_are_this_records_and_the_latest_others() -> None:
+    # Two at most (the suspect's and its probe's): older ones are settled and forgotten.
+    history = History(proven=((2, 1), (3, 1), (4, 1)))
+    decision = decide(history, Request(5, 5, 1, 900), Answer(FailureKind.TOO_LARGE))
+    assert decision.history.proven == ((4, 1), (5, 1))
