@@ -141,3 +141,23 @@ def test_the_backoff_stops_growing_at_its_cap(tmp_path: Path) -> None:
             pending.retry(1, NOW)
         waits.append(waited)
     assert waits == [10, 20, 40, 80, 160, 300, 300, 300]
+
+
+def test_numbers_follow_the_state_file_and_every_spool_configured_or_not(tmp_path: Path) -> None:
+    write_state(tmp_path, [], 7)
+    # A sink left out of SEE_SINKS keeps its spool, with a higher number, for when it returns.
+    line = {"seq": 12, "record": encode_record(record(12))}
+    (tmp_path / "spool" / "eventhubs.log").write_text(json.dumps(line) + "\n")
+    begun = start.begin(tmp_path, StateStore(tmp_path).load(), workers(tmp_path), NOW)
+    assert begun.seq == 12 and begun.pending is None
+    (tmp_path / "spool" / "eventhubs.log").unlink()
+    begun = start.begin(tmp_path, StateStore(tmp_path).load(), workers(tmp_path), NOW)
+    assert begun.seq == 7 and begun.pending is None
+
+
+def test_without_a_state_directory_nothing_is_numbered_or_pending(tmp_path: Path) -> None:
+    def deliver(records: Sequence[TransitionRecord]) -> None:
+        raise OSError("not started in these tests")
+    memory_only = [DeliveryWorker(sink, deliver, lambda *_: None, max_records=1000)
+                   for sink in SINKS]
+    assert start.begin(None, None, memory_only, NOW) == start.Begun(0, None)
