@@ -349,6 +349,8 @@ def walk(root: Root) -> None:
     done = root.apt("install", root.pkg(a))
     timed(root.times, "install", started)
     assert done.returncode == 0, done.stdout + done.stderr
+    # /opt is not the package's (no Debian package owns it): dpkg never removes it.
+    assert root.run("dpkg", "-S", "/opt").returncode != 0
     assert f"enabled {UNIT}, not started" in done.stderr, done.stderr
     assert f"enable {UNIT}" in root.calls(), root.calls()
     assert not any(c.startswith(("start", "restart")) for c in root.calls()), root.calls()
