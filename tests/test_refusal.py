@@ -364,3 +364,36 @@ def test_the_proofs_remembered_are_this_records_and_the_latest_others() -> None:
     history = History(proven=((2, 1), (3, 1), (4, 1)))
     decision = decide(history, Request(5, 5, 1, 900), Answer(FailureKind.TOO_LARGE))
     assert decision.history.proven == ((4, 1), (5, 1))
+
+
+def test_a_probe_refused_for_good_is_settled_ahead_and_the_next_record_probes() -> None:
+    history = HISTORIES["probing behind a suspect"].history
+    decision = decide(history, PROBE, Answer(FailureKind.PERMANENT))
+    assert (decision.act, decision.why) == (Act.DEAD_LETTER, Why.REFUSED_FOR_GOOD)
+    # The suspect's question is still open: the record behind the probe asks it.
+    assert decision.history.ahead == {6} and decision.history.suspect == 5
+    assert next_request(decision.history, [5, 6, 7]) == Shape(7, alone=True, probe=True)
+
+
+def test_a_refused_probe_gives_the_count_back_to_the_suspect() -> None:
+    history = HISTORIES["probing behind a suspect"].history
+    decision = decide(history, PROBE, Answer(FailureKind.EXHAUSTED, suspicious=True))
+    assert (decision.history.head, decision.history.confirming) == (5, False)
+
+
+def test_a_suspicious_refusal_counts_for_its_own_record_only() -> None:
+    other = decide(History(head=4, refusals=2), ALONE,
+                   Answer(FailureKind.EXHAUSTED, suspicious=True))
+    assert (other.history.head, other.history.refusals, other.history.suspect) == (5, 1, 0)
+
+
+def test_a_batch_of_two_refused_the_third_time_is_narrowed_not_suspected() -> None:
+    decision = decide(History(head=5, refusals=SUSPECT_AFTER - 1), Request(5, 6, 2, 2000),
+                      Answer(FailureKind.EXHAUSTED, suspicious=True))
+    assert (decision.why, decision.history.suspect) == (Why.NARROWED, 0)
+
+
+def test_an_acceptance_keeps_what_was_settled_ahead() -> None:
+    decision = decide(History(head=5, refusals=1, ahead=frozenset({6})), ALONE, Answer(None))
+    assert decision.act is Act.DELIVERED
+    assert decision.history == History(ahead=frozenset({6}))

@@ -94,7 +94,12 @@ def test_a_request_that_cannot_be_carried_out_waits_and_is_tried_on_its_backoff(
     pending = begun.pending
     assert pending is not None and pending.waiting and begun.seq == 5
     assert pending.fault is not None and pending.fault.failures == 1
+    assert pending.fault.file == str(tmp_path / redrive.REQUEST_FILE)
     assert pending.fault.error.startswith("redeliver request not carried out: ")
+    assert pending.fault.error.endswith(f"Is a directory: '{letters}'; it is tried again once "
+                                        "the storage can be written, and at the next start"
+                                        ), pending.fault.error
+    since = pending.fault.since
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "the exporter runs meanwhile" in errors[0].getMessage()
 
@@ -106,20 +111,51 @@ def test_a_request_that_cannot_be_carried_out_waits_and_is_tried_on_its_backoff(
     assert pending.retry(5, NOW) == 5 and pending.fault.failures == 2
     clock.now += 2 * start.REQUEST_RETRY - 0.5
     assert pending.retry(5, NOW) == 5 and pending.fault.failures == 2
+    assert pending.fault.since == since  # the streak's first failure
     assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
 
     # The storage works again: the next due try carries it out, numbering after seq.
     letters.rmdir()
     (tmp_path / "aside").rename(letters)
     clock.now += 0.5
-    assert pending.retry(5, NOW) == 6
+    # From the poll thread, whose numbers may be ahead of every file (records held in memory).
+    assert pending.retry(20, NOW) == 21
     assert not pending.waiting and pending.fault is None
     assert not (tmp_path / redrive.REQUEST_FILE).exists()
     assert any("redeliver request carried out after 2 failed attempts: 1 records put back"
                in r.getMessage() for r in caplog.records), caplog.text
+    assert [r.seq for r in Spool(tmp_path / "spool", "otlp").load()] == [21]
     # Nothing waiting: later calls do nothing.
     clock.now += 1000
     assert pending.retry(9, NOW) == 9
+
+
+def test_an_unreadable_request_waits_for_a_hand_and_is_not_tried_again(tmp_path: Path) -> None:
+    write_state(tmp_path, [], 5)
+    (tmp_path / redrive.REQUEST_FILE).write_text("{not json")
+    clock = Clock()
+    begun = start.begin(tmp_path, StateStore(tmp_path).load(), workers(tmp_path), NOW,
+                        monotonic=clock)
+    pending = begun.pending
+    assert pending is not None and pending.fault is not None
+    assert pending.fault.error.endswith("; fix or delete it"), pending.fault.error
+    clock.now += 10 * start.REQUEST_RETRY_CAP
+    assert pending.retry(5, NOW) == 5 and pending.fault.failures == 1 and pending.waiting
+
+
+def test_a_request_deleted_while_it_waits_is_no_longer_waited_for(tmp_path: Path) -> None:
+    write_state(tmp_path, [], 5)
+    (tmp_path / "dead-letter.jsonl").mkdir()
+    redrive.request(tmp_path, Selection(), NOW)
+    clock = Clock()
+    begun = start.begin(tmp_path, StateStore(tmp_path).load(), workers(tmp_path), NOW,
+                        monotonic=clock)
+    pending = begun.pending
+    assert pending is not None and pending.waiting
+    (tmp_path / redrive.REQUEST_FILE).unlink()
+    clock.now += start.REQUEST_RETRY
+    assert pending.retry(5, NOW) == 5
+    assert not pending.waiting and pending.fault is None
 
 
 def test_the_backoff_stops_growing_at_its_cap(tmp_path: Path) -> None:
