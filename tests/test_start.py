@@ -16,7 +16,7 @@ import pytest
 
 from scheduled_events_exporter.codec import encode_record, encode_state
 from scheduled_events_exporter.delivery import redrive, start
-from scheduled_events_exporter.delivery.dead_letter import DeadLetterFile
+from scheduled_events_exporter.delivery.dead_letter import DeadLetter, DeadLetterFile
 from scheduled_events_exporter.delivery.redrive import Selection
 from scheduled_events_exporter.delivery.spool import Spool
 from scheduled_events_exporter.delivery.worker import DeliveryWorker
@@ -83,7 +83,11 @@ def test_a_request_that_cannot_be_carried_out_waits_and_is_tried_on_its_backoff(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     write_state(tmp_path, [], 5)
     letters = tmp_path / "dead-letter.jsonl"
-    letters.write_bytes(letter(90, "otlp"))
+    # A letter from before redeliver (the payload as sent, no record) is skipped, and said.
+    bare = DeadLetter(time="2026-11-27T10:00:00.000Z", sink="otlp", status="HTTP 400",
+                      reason="refused", event_id="E93", transition="scheduled",
+                      record_id="rid-93", seq=93, payload={"sent": 93}).to_json()
+    letters.write_bytes(letter(90, "otlp") + bare)
     redrive.request(tmp_path, Selection(), NOW)
     letters.rename(tmp_path / "aside")
     letters.mkdir()  # the dead-letter file cannot be read: the request cannot be carried out
@@ -100,8 +104,12 @@ def test_a_request_that_cannot_be_carried_out_waits_and_is_tried_on_its_backoff(
                                         "the storage can be written, and at the next start"
                                         ), pending.fault.error
     since = pending.fault.since
+    assert since == clock.now
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "the exporter runs meanwhile" in errors[0].getMessage()
+    assert [e.getMessage() for e in errors] == [
+        f"the redeliver request {tmp_path / redrive.REQUEST_FILE} could not be carried out: "
+        f"[Errno 21] Is a directory: '{letters}'; it is tried again once the storage can be "
+        "written, and at the next start; the exporter runs meanwhile"]
 
     # Not due yet: nothing is tried (the fault's count does not move).
     clock.now += start.REQUEST_RETRY - 0.5
@@ -122,8 +130,14 @@ def test_a_request_that_cannot_be_carried_out_waits_and_is_tried_on_its_backoff(
     assert pending.retry(20, NOW) == 21
     assert not pending.waiting and pending.fault is None
     assert not (tmp_path / redrive.REQUEST_FILE).exists()
-    assert any("redeliver request carried out after 2 failed attempts: 1 records put back"
-               in r.getMessage() for r in caplog.records), caplog.text
+    said = [r.getMessage() for r in caplog.records if r.levelno < logging.ERROR]
+    assert said == [
+        "redelivered from the dead-letter file: otlp HTTP 400 EventId E90 scheduled RecordId "
+        "rid-90 (spool seq 21)",
+        "redeliver: skipped RecordId rid-93 of sink otlp: written by a release before "
+        "redeliver: it holds the record as sent, not as stored",
+        "redeliver request carried out after 2 failed attempts: 1 records put back, 1 skipped "
+        "(0 of them redelivered before)"], said
     assert [r.seq for r in Spool(tmp_path / "spool", "otlp").load()] == [21]
     # Nothing waiting: later calls do nothing.
     clock.now += 1000
@@ -197,3 +211,16 @@ def test_without_a_state_directory_nothing_is_numbered_or_pending(tmp_path: Path
     memory_only = [DeliveryWorker(sink, deliver, lambda *_: None, max_records=1000)
                    for sink in SINKS]
     assert start.begin(None, None, memory_only, NOW) == start.Begun(0, None)
+
+
+def test_a_request_carried_out_at_once_says_so_without_failures(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write_state(tmp_path, [], 5)
+    (tmp_path / "dead-letter.jsonl").write_bytes(letter(90, "otlp"))
+    redrive.request(tmp_path, Selection(), NOW)
+    caplog.set_level(logging.INFO, logger="scheduled_events_exporter.delivery.start")
+    begun = start.begin(tmp_path, StateStore(tmp_path).load(), workers(tmp_path), NOW)
+    assert begun.seq == 6 and begun.pending is None
+    assert caplog.records[-1].getMessage() == (
+        "redeliver request carried out: 1 records put back, 0 skipped (0 of them redelivered "
+        "before)")
