@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings as hypothesis_settings
 
 from scheduled_events_exporter.simulator import Simulator
 from tests.budget import SCALE
+
+if TYPE_CHECKING:
+    from tests.peers.azurite import Azurite
 
 if SCALE > 1:
     # Property tests without a number of their own draw fewer too (tests/budget.py).
@@ -21,6 +25,16 @@ def sim() -> Iterator[Simulator]:
     """A simulated IMDS on loopback for a VM named ``vm-test``."""
     with Simulator(vm_name="vm-test") as simulator:
         yield simulator
+
+
+@pytest.fixture(scope="module")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite, Microsoft's Storage emulator, on a free loopback port for the module."""
+    from tests.peers.azurite import Azurite
+
+    emulator = Azurite(tmp_path_factory.mktemp("azurite"))
+    yield emulator
+    emulator.stop()
 
 
 # --- where the suite's time goes (CI's budget is 20 minutes on two cores) ------------------

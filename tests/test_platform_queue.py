@@ -28,13 +28,6 @@ SUBSCRIPTION = "0b6f1a2c-3d4e-4f50-8a9b-1c2d3e4f5a6b"
 EVENT_GRID_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 
 
-@pytest.fixture(scope="module")
-def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    emulator = Azurite(tmp_path_factory.mktemp("azurite"))
-    yield emulator
-    emulator.stop()
-
-
 @pytest.fixture
 def queue(azurite: Azurite) -> Iterator[QueueClient]:
     client = QueueClient.from_connection_string(azurite.connection_string,

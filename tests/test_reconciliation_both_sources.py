@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,13 +37,6 @@ SUBSCRIPTION = "00000000-0000-4000-8000-000000000000"
 RESOURCE_GROUP = "rg-sim"
 VM = "vm-test"
 FAR = "Mon, 11 Apr 2099 22:26:58 GMT"
-
-
-@pytest.fixture(scope="module")
-def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    emulator = Azurite(tmp_path_factory.mktemp("azurite"))
-    yield emulator
-    emulator.stop()
 
 
 def imds_event(event_id: str, status: str, event_type: str) -> dict[str, Any]:

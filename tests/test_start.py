@@ -157,15 +157,21 @@ def test_an_unreadable_request_waits_for_a_hand_and_is_not_tried_again(tmp_path:
     assert pending.retry(5, NOW) == 5 and pending.fault.failures == 1 and pending.waiting
 
 
-def test_a_request_deleted_while_it_waits_is_no_longer_waited_for(tmp_path: Path) -> None:
-    write_state(tmp_path, [], 5)
-    (tmp_path / "dead-letter.jsonl").mkdir()
-    redrive.request(tmp_path, Selection(), NOW)
+def waiting_request(root: Path, seq: int) -> tuple[start.PendingRequest, Clock]:
+    """A start whose redeliver request cannot be carried out (the dead-letter file cannot be
+    read), on a clock of the test's."""
+    write_state(root, [], seq)
+    (root / "dead-letter.jsonl").mkdir()
+    redrive.request(root, Selection(), NOW)
     clock = Clock()
-    begun = start.begin(tmp_path, StateStore(tmp_path).load(), workers(tmp_path), NOW,
-                        monotonic=clock)
-    pending = begun.pending
-    assert pending is not None and pending.waiting
+    begun = start.begin(root, StateStore(root).load(), workers(root), NOW, monotonic=clock)
+    assert begun.pending is not None and begun.pending.waiting
+    assert begun.pending.fault is not None and begun.pending.fault.failures == 1
+    return begun.pending, clock
+
+
+def test_a_request_deleted_while_it_waits_is_no_longer_waited_for(tmp_path: Path) -> None:
+    pending, clock = waiting_request(tmp_path, 5)
     (tmp_path / redrive.REQUEST_FILE).unlink()
     clock.now += start.REQUEST_RETRY
     assert pending.retry(5, NOW) == 5
@@ -173,14 +179,8 @@ def test_a_request_deleted_while_it_waits_is_no_longer_waited_for(tmp_path: Path
 
 
 def test_the_backoff_stops_growing_at_its_cap(tmp_path: Path) -> None:
-    write_state(tmp_path, [], 1)
-    (tmp_path / "dead-letter.jsonl").mkdir()
-    redrive.request(tmp_path, Selection(), NOW)
-    clock = Clock()
-    begun = start.begin(tmp_path, StateStore(tmp_path).load(), workers(tmp_path), NOW,
-                        monotonic=clock)
-    pending = begun.pending
-    assert pending is not None and pending.fault is not None
+    pending, clock = waiting_request(tmp_path, 1)
+    assert pending.fault is not None
     waits = []
     for _ in range(8):
         before = pending.fault.failures
