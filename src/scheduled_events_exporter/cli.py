@@ -190,8 +190,7 @@ def _check_config(args: list[str]) -> int:
     for note in notes:
         print(f"configuration warning: {note}", file=sys.stderr)
     # A platform setup (a queue named) is checked as the platform command checks it.
-    seen = env if env is not None else os.environ
-    platform = any(seen.get(name, "").strip() for name in (
+    platform = any(env.get(name, "").strip() for name in (
         "SEE_PLATFORM_QUEUE_URL", "SEE_PLATFORM_QUEUE_CONNECTION_STRING",
         "SEE_PLATFORM_QUEUE_NAME"))
     config = _load(env, create=False, command="platform" if platform else "run")

@@ -30,11 +30,10 @@ HELP = """usage: scheduled-events-exporter redeliver [--sink NAME] [--event-id I
               [--dry-run | --at-next-start] [--wait SECONDS] [--state-dir DIR]
 
 Put dead-lettered records (SEE_STATE_DIR/dead-letter.jsonl and its older files, .1 to .3) back
-into their sink's spool,
-with their original log.record.uid and in their original order, and mark them "redelivered" in
-the dead-letter file; the exporter delivers them at its next start. Run it once the cause is
-fixed (the collector's schema, limit or quota), with the exporter stopped: it takes the state
-directory's lock, as "run" does.
+into their sink's spool, with their original log.record.uid and in their original order, and
+mark them "redelivered" in the dead-letter file; the exporter delivers them at its next start.
+Run it once the cause is fixed (the collector's schema, limit or quota), with the exporter
+stopped: it takes the state directory's lock, as "run" does.
 
   --sink NAME        only letters of this sink (otlp, eventhubs, console)
   --event-id ID      only letters of this EventId (in any letter case)
