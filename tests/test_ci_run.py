@@ -22,12 +22,15 @@ RUN = Path(__file__).resolve().parents[1] / ".ci" / "run"
 
 
 def _scaffolding() -> str:
-    """The phase, cleanup, background and settle functions and the trap, as .ci/run has them."""
+    """The phase, cleanup, cpu_used, background and settle functions and the trap, as .ci/run
+    has them."""
     text = RUN.read_text(encoding="utf-8")
     phase = re.search(r"^phase\(\) \{.*\}$", text, re.M)
     cleanup = re.search(r"^cleanup\(\) \{\n.*?^trap cleanup EXIT$", text, re.M | re.S)
-    jobs = re.search(r"^background\(\) \{.*?^settle\(\) \{.*?^\}$", text, re.M | re.S)
-    assert phase and cleanup and jobs, f"{RUN} no longer defines phase, cleanup, background, settle"
+    jobs = re.search(
+        r"^cpu_used\(\) \{.*?^background\(\) \{.*?^settle\(\) \{.*?^\}$", text, re.M | re.S)
+    assert phase and cleanup and jobs, (
+        f"{RUN} no longer defines phase, cleanup, cpu_used, background and settle")
     return "\n".join(("set -euo pipefail", phase.group(0), cleanup.group(0), jobs.group(0)))
 
 
@@ -52,11 +55,11 @@ true & package_jobs=($!)
 background quick true
 settle quick "a job that passes"
 sleep 0.2  # the package job has ended and been reaped: kill finds no such process
-phase "done"
+phase "done ($(cpu_used))"
 """
     done = _run(tmp_path, body)
     assert done.returncode == 0, done.stderr
-    assert "== done" in done.stdout
+    assert re.search(r"^== done \(CPU: user \S+, system \S+\)", done.stdout, re.M), done.stdout
     assert not roots.exists() and not builds.exists()
 
 
@@ -70,6 +73,7 @@ phase "done"
     done = _run(tmp_path, body)
     assert done.returncode == 3
     assert "what it said" in done.stdout
+    assert re.search(r"^CPU: user \d+m[\d.]+s, system \d+m[\d.]+s$", done.stdout, re.M), done.stdout
     assert "FAILED: a job that fails (exit status 3)" in done.stderr
     assert "== done" not in done.stdout
 
