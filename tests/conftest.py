@@ -39,6 +39,8 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 
 # --- where the suite's time goes (CI's budget is 20 minutes on two cores) ------------------
 _FILE_SECONDS: dict[str, float] = {}
+#: Each file's first start and last stop (epoch seconds, from the reports).
+_FILE_SPAN: dict[str, tuple[float, float]] = {}
 
 
 #: The slowest files of the last runs, slowest first (the summary below prints them). xdist
@@ -63,6 +65,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     controller, so the sum covers the whole run)."""
     path = report.nodeid.split("::")[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    first, last = _FILE_SPAN.get(path, (report.start, report.stop))
+    _FILE_SPAN[path] = (min(first, report.start), max(last, report.stop))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -73,3 +77,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     slowest = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:10]
     terminalreporter.write_line("slowest files (setup + call + teardown, seconds): " + ", ".join(
         f"{path.removeprefix('tests/')} {seconds:.0f}" for path, seconds in slowest))
+    # The files that ended last, with when they started (seconds into the run): a long file
+    # that starts late is the tail a reordering of SLOWEST_FIRST can cut.
+    begun = min(first for first, _ in _FILE_SPAN.values())
+    last = sorted(_FILE_SPAN.items(), key=lambda item: -item[1][1])[:6]
+    spans = ", ".join(
+        f"{path.removeprefix('tests/')} {first - begun:.0f}-{stop - begun:.0f}"
+        for path, (first, stop) in last)
+    terminalreporter.write_line(f"files that ended last (start-end, seconds into pytest): {spans}")
