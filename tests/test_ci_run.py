@@ -66,14 +66,16 @@ phase "done ($(cpu_used))"
 def test_a_background_job_that_fails_fails_the_run_with_its_status(tmp_path: Path) -> None:
     body = """
 mkdir -p .ci/logs
-background broken bash -c 'echo what it said; exit 3'
+background broken bash -c 'echo what it said; python3 -c "sum(range(10**7))"; exit 3'
 settle broken "a job that fails"
 phase "done"
 """
     done = _run(tmp_path, body)
     assert done.returncode == 3
     assert "what it said" in done.stdout
-    assert re.search(r"^CPU: user \d+m[\d.]+s, system \d+m[\d.]+s$", done.stdout, re.M), done.stdout
+    used = re.search(r"^CPU: user (\d+)m([\d.]+)s, system \d+m[\d.]+s$", done.stdout, re.M)
+    assert used, done.stdout
+    assert int(used[1]) * 60 + float(used[2]) > 0.05, f"the job's CPU time is uncounted: {used[0]}"
     assert "FAILED: a job that fails (exit status 3)" in done.stderr
     assert "== done" not in done.stdout
 
