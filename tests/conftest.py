@@ -43,14 +43,17 @@ _FILE_SECONDS: dict[str, float] = {}
 _FILE_SPAN: dict[str, tuple[float, float]] = {}
 
 
-#: The slowest files of the last runs, slowest first (the summary below prints them). xdist
-#: hands files to workers in collection order: the longest started first leave no long one to
-#: start last, alone, while the other workers have nothing left (the longest-first rule).
+#: The slowest files of the last runs, slowest first (the summary below prints them). With
+#: ``--no-loadscope-reorder`` (.ci/run) xdist hands files to workers in collection order: the
+#: longest started first leave no long one to start last, alone, while the other workers have
+#: nothing left (the longest-first rule). Without it xdist puts the files with the most tests
+#: first, and two files of a few long tests (outage, kill storm) ran last, one after the other,
+#: the CPU mostly idle for their two and a half minutes.
 SLOWEST_FIRST = (
-    "test_image.py", "test_os_packages.py", "test_chart.py", "test_otlp_conformance.py",
-    "test_joints.py", "test_vm_walkthrough.py", "test_build_version.py", "test_process.py",
-    "test_outage.py", "test_eventhubs_sink.py", "test_kill_storm.py", "test_memory_bounds.py",
-    "test_lock.py",
+    "test_image.py", "test_os_packages.py", "test_joints.py", "test_chart.py",
+    "test_otlp_conformance.py", "test_vm_walkthrough.py", "test_outage.py", "test_process.py",
+    "test_build_version.py", "test_eventhubs_sink.py", "test_cli.py", "test_kill_storm.py",
+    "test_memory_bounds.py", "test_lock.py",
 )
 
 
