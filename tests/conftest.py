@@ -80,7 +80,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     slowest = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:10]
     terminalreporter.write_line("slowest files (setup + call + teardown, seconds): " + ", ".join(
         f"{path.removeprefix('tests/')} {seconds:.0f}" for path, seconds in slowest))
-    # The files that ended last, with when they started (seconds into the run): a long file
+    # The files that ended last, with when they started (seconds into pytest): a long file
     # that starts late is the tail a reordering of SLOWEST_FIRST can cut.
     begun = min(first for first, _ in _FILE_SPAN.values())
     last = sorted(_FILE_SPAN.items(), key=lambda item: -item[1][1])[:6]

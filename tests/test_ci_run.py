@@ -62,7 +62,7 @@ SEE_PACKAGE_BUILDS={builds}
 true & package_jobs=($!)
 background quick true
 settle quick "a job that passes"
-sleep 0.2  # the package job has ended and been reaped: kill finds no such process
+wait "${{package_jobs[0]}}"  # ended and reaped: the cleanup's kill finds no such process
 python3 -c "sum(range(10**7))"
 phase "done"
 cpu_used
